@@ -1,0 +1,32 @@
+"""rollbox: gVisor sandboxes, memory snapshots and fan-out for RL rollouts.
+
+    from rollbox import Sandbox, Image, SandboxPool
+"""
+
+__version__ = "0.1.0"
+
+from .errors import (  # noqa: E402
+    DaemonUnavailable,
+    FileNotFoundInSandbox,
+    ImageNotFound,
+    InvalidArgument,
+    InvalidState,
+    ResourceExhausted,
+    RollboxError,
+    RuntimeMissing,
+    SandboxLost,
+    SandboxNotFound,
+    SandboxTerminated,
+    SnapshotNotFound,
+)
+from .sdk.image import Image  # noqa: E402
+from .sdk.pool import SandboxPool  # noqa: E402
+from .sdk.sandbox import Sandbox, SandboxInstance  # noqa: E402
+from .types import EpisodeResult, ExecResult, FileEntry, SandboxInfo  # noqa: E402
+
+__all__ = sorted([
+    "DaemonUnavailable", "EpisodeResult", "ExecResult", "FileEntry", "FileNotFoundInSandbox", "Image",
+    "ImageNotFound", "InvalidArgument", "InvalidState", "ResourceExhausted", "RollboxError", "RuntimeMissing",
+    "Sandbox", "SandboxInfo", "SandboxInstance", "SandboxLost", "SandboxNotFound", "SandboxPool",
+    "SandboxTerminated", "SnapshotNotFound", "__version__",
+])

@@ -1,0 +1,1 @@
+"""The `rollbox` command line (typer), thin over the SDK and the daemon."""

@@ -1,0 +1,1 @@
+"""Transport to the daemon, and starting the local daemon when none runs."""

@@ -1,0 +1,117 @@
+"""The SDK's HTTP client: httpx over the daemon's unix socket (or `ROLLBOX_URL`).
+
+When no daemon answers on the local socket and `ROLLBOX_URL` is unset, the client starts one
+(`python -m rollbox serve`, detached, logging to `ROLLBOX_HOME/daemon.log`) and waits for it:
+the embedded default needs no service set up by hand. Sandboxes belong to the daemon, so they
+outlive the client process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import httpx
+
+from .. import errors
+from ..config import Paths
+
+DAEMON_START_TIMEOUT_S = 90.0
+
+
+class Client:
+    """One connection pool to one daemon. Thread-safe (httpx.Client is)."""
+
+    def __init__(self, url: str | None = None, *, paths: Paths | None = None, autostart: bool = True) -> None:
+        self.paths = paths or Paths.from_env()
+        url = url if url is not None else os.environ.get("ROLLBOX_URL")
+        self.autostart = autostart and not url
+        if url and url.startswith("http"):
+            transport = httpx.HTTPTransport(retries=0)
+            base = url
+        else:
+            sock = url.removeprefix("unix://") if url else str(self.paths.socket)
+            transport = httpx.HTTPTransport(uds=sock, retries=0)
+            base = "http://rollbox"
+            self.socket_path = sock
+        self.base_url = url or f"unix://{self.paths.socket}"
+        self._http = httpx.Client(transport=transport, base_url=base,
+                                  timeout=httpx.Timeout(None, connect=10.0), headers={"user-agent": "rollbox-sdk"})
+        self._checked = False
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- daemon start ------------------------------------------------------------------
+
+    def _ping(self) -> bool:
+        try:
+            return self._http.get("/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def ensure_daemon(self) -> None:
+        """Connects, starting the local daemon if needed. Raises DaemonUnavailable."""
+        if self._checked or self._ping():
+            self._checked = True
+            return
+        if not self.autostart:
+            raise errors.DaemonUnavailable(
+                f"no rollbox daemon answers at {self.base_url}: start it with `rollbox serve` "
+                "or unset ROLLBOX_URL to let the SDK start a local one")
+        if os.geteuid() != 0:
+            raise errors.DaemonUnavailable("no rollbox daemon is running and starting one needs root "
+                                           "(gVisor, mounts, cgroups): run as root or start `sudo rollbox serve`")
+        self.paths.home.mkdir(parents=True, exist_ok=True)
+        with open(self.paths.home / "spawn.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not self._ping():
+                self._spawn_daemon()
+        self._checked = True
+
+    def _spawn_daemon(self) -> None:
+        env = dict(os.environ, ROLLBOX_HOME=str(self.paths.home))
+        with open(self.paths.daemon_log, "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "rollbox", "serve"], stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=log, env=env, start_new_session=True, close_fds=True)
+        deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._ping():
+                return
+            if proc.poll() is not None and not self._ping():
+                tail = self.paths.daemon_log.read_text(errors="replace")[-1500:]
+                raise errors.DaemonUnavailable(f"the rollbox daemon exited at start (code {proc.returncode}); "
+                                               f"{self.paths.daemon_log}:\n{tail}")
+            time.sleep(0.05)
+        raise errors.DaemonUnavailable(f"the rollbox daemon did not answer within {DAEMON_START_TIMEOUT_S:.0f} s; "
+                                       f"see {self.paths.daemon_log}")
+
+    # ---- requests ----------------------------------------------------------------------
+
+    def request(self, method: str, path: str, json: Any = None, params: dict[str, Any] | None = None) -> Any:
+        """Sends one request; returns the decoded JSON body or raises the daemon's typed error."""
+        self.ensure_daemon()
+        try:
+            resp = self._http.request(method, path, json=json, params=params)
+        except httpx.TransportError as e:
+            raise errors.DaemonUnavailable(f"lost the rollbox daemon at {self.base_url} during {method} {path}: {e}; "
+                                           f"see {self.paths.daemon_log}") from e
+        if resp.status_code >= 400:
+            try:
+                body = resp.json()
+            except ValueError:
+                body = {"message": resp.text[:500]}
+            if resp.status_code == 422:
+                raise errors.InvalidArgument(f"invalid request to {path}: {body.get('detail', body)}")
+            raise errors.from_wire(body, resp.status_code)
+        return resp.json()

@@ -1,0 +1,59 @@
+"""Where rollbox keeps its state, resolved once from the environment and passed explicitly."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_HOME = "/var/lib/rollbox"
+
+
+@dataclass(frozen=True)
+class Paths:
+    """The on-disk layout of one daemon's state directory (`ROLLBOX_HOME`)."""
+
+    home: Path
+
+    @classmethod
+    def from_env(cls) -> "Paths":
+        return cls(Path(os.environ.get("ROLLBOX_HOME", DEFAULT_HOME)))
+
+    @property
+    def socket(self) -> Path:
+        return self.home / "rollbox.sock"
+
+    @property
+    def db(self) -> Path:
+        return self.home / "rollbox.db"
+
+    @property
+    def daemon_log(self) -> Path:
+        return self.home / "daemon.log"
+
+    @property
+    def daemon_lock(self) -> Path:
+        return self.home / "daemon.lock"
+
+    @property
+    def runsc_root(self) -> Path:
+        return self.home / "runsc"
+
+    @property
+    def sandboxes(self) -> Path:
+        return self.home / "sandboxes"
+
+    @property
+    def images(self) -> Path:
+        return self.home / "images"
+
+    @property
+    def snapshots(self) -> Path:
+        return self.home / "snapshots"
+
+    def ensure(self) -> None:
+        for p in (self.home, self.runsc_root, self.sandboxes, self.images, self.snapshots):
+            p.mkdir(parents=True, exist_ok=True)
+        # The API socket lives here and the daemon runs as root: only root may reach it
+        # (uvicorn makes the socket itself world-writable).
+        os.chmod(self.home, 0o700)

@@ -1,0 +1,113 @@
+"""The rollbox exception tree. Every error says what failed and what to do about it.
+
+    RollboxError
+    ├── InvalidArgument
+    ├── NotFound
+    │   ├── SandboxNotFound
+    │   ├── SnapshotNotFound
+    │   └── ImageNotFound
+    ├── InvalidState             (e.g. exec on a terminated sandbox)
+    │   └── SandboxTerminated
+    ├── SandboxLost              (died or unreachable: an infrastructure fault, retryable)
+    ├── RuntimeMissing           (runsc or a host prerequisite is absent; carries the fix)
+    ├── ResourceExhausted        (disk full, too many sandboxes)
+    ├── DaemonUnavailable        (no daemon answers and none could be started)
+    └── ApiError                 (an unmapped daemon failure; carries status and code)
+
+Errors cross the HTTP boundary as `{"code": ..., "message": ..., "sandbox_id": ...}`; `CODES`
+maps a code back to its class, so the SDK raises the same type the daemon did.
+"""
+
+from __future__ import annotations
+
+
+class RollboxError(Exception):
+    """Base class of every rollbox error.
+
+    Attributes:
+        sandbox_id: the sandbox the error is about, or None.
+        retryable: True when the same call may succeed on a fresh sandbox (infrastructure faults).
+    """
+
+    code = "internal"
+    status = 500
+    retryable = False
+
+    def __init__(self, message: str, *, sandbox_id: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.sandbox_id = sandbox_id
+
+    def to_wire(self) -> dict[str, object]:
+        return {"code": self.code, "message": self.message, "sandbox_id": self.sandbox_id}
+
+
+class InvalidArgument(RollboxError):
+    code, status = "invalid_argument", 400
+
+
+class NotFound(RollboxError):
+    code, status = "not_found", 404
+
+
+class SandboxNotFound(NotFound):
+    code = "sandbox_not_found"
+
+
+class SnapshotNotFound(NotFound):
+    code = "snapshot_not_found"
+
+
+class ImageNotFound(NotFound):
+    code = "image_not_found"
+
+
+class FileNotFoundInSandbox(NotFound):
+    code = "file_not_found"
+
+
+class InvalidState(RollboxError):
+    code, status = "invalid_state", 409
+
+
+class SandboxTerminated(InvalidState):
+    code = "sandbox_terminated"
+
+
+class SandboxLost(RollboxError):
+    code, status, retryable = "sandbox_lost", 502, True
+
+
+class RuntimeMissing(RollboxError):
+    code, status = "runtime_missing", 503
+
+
+class ResourceExhausted(RollboxError):
+    code, status, retryable = "resource_exhausted", 507, True
+
+
+class DaemonUnavailable(RollboxError):
+    code, status, retryable = "daemon_unavailable", 503, True
+
+
+class ApiError(RollboxError):
+    code, status = "api_error", 500
+
+
+CODES: dict[str, type[RollboxError]] = {
+    cls.code: cls
+    for cls in (
+        RollboxError, InvalidArgument, NotFound, SandboxNotFound, SnapshotNotFound, ImageNotFound,
+        FileNotFoundInSandbox, InvalidState, SandboxTerminated, SandboxLost, RuntimeMissing,
+        ResourceExhausted, DaemonUnavailable, ApiError,
+    )
+}
+
+
+def from_wire(body: dict[str, object], status: int) -> RollboxError:
+    """Rebuilds the typed error a daemon sent; unknown codes become `ApiError`."""
+    cls = CODES.get(str(body.get("code")), ApiError)
+    sid = body.get("sandbox_id")
+    err = cls(str(body.get("message", f"daemon answered HTTP {status}")),
+              sandbox_id=str(sid) if sid else None)
+    return err

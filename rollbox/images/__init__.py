@@ -1,0 +1,1 @@
+"""Images: read-only root filesystem layers, stacked under each sandbox's private upper."""

@@ -1,0 +1,1 @@
+"""Host-side sandbox lifecycle: runsc, OCI bundles, overlay rootfs, cgroups, the agent channel."""

@@ -1,0 +1,88 @@
+"""OCI runtime bundles: a pure function from a sandbox's settings to `config.json`.
+
+Spec: https://github.com/opencontainers/runtime-spec/blob/main/config.md (version 1.0).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+AGENT_DIR = Path(__file__).parent / "agent"
+AGENT_MOUNT = "/.rollbox"
+# Docker's default capability set: root in the sandbox can chown, bind low ports, etc.
+DEFAULT_CAPS = [
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+    "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+]
+DEFAULT_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+CPU_PERIOD_US = 100_000
+
+
+@dataclass(frozen=True)
+class BundleSpec:
+    """What a sandbox's OCI spec depends on.
+
+    cpu: CPU cores (CFS quota = cpu * 100 ms per 100 ms period); memory_mib: the whole sandbox's
+    memory limit in MiB, gVisor's own kernel included (PLATFORM.md); pids: max host tasks.
+    """
+
+    rootfs: Path
+    cgroup_path: str
+    cpu: float
+    memory_mib: int
+    hostname: str = "rollbox"
+    env: dict[str, str] = field(default_factory=dict)
+    agent_dir: Path = AGENT_DIR
+    pids: int = 4096
+
+
+def oci_spec(spec: BundleSpec) -> dict[str, object]:
+    env = dict(DEFAULT_ENV)
+    env.update(spec.env)
+    caps = list(DEFAULT_CAPS)
+    return {
+        "ociVersion": "1.0.0",
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": ["/usr/bin/python3", "-u", "-S", f"{AGENT_MOUNT}/agent.py"],
+            "env": [f"{k}={v}" for k, v in env.items()],
+            "cwd": "/",
+            "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536}],
+        },
+        "root": {"path": str(spec.rootfs), "readonly": False},
+        "hostname": spec.hostname,
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs",
+             "options": ["nosuid", "noexec", "nodev", "ro"]},
+            {"destination": AGENT_MOUNT, "type": "bind", "source": str(spec.agent_dir),
+             "options": ["rbind", "ro"]},
+        ],
+        "linux": {
+            "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
+            "cgroupsPath": spec.cgroup_path,
+            "resources": {
+                "memory": {"limit": spec.memory_mib * 1024 * 1024},
+                "cpu": {"quota": int(spec.cpu * CPU_PERIOD_US), "period": CPU_PERIOD_US},
+                "pids": {"limit": spec.pids},
+            },
+        },
+    }
+
+
+def write_bundle(bundle_dir: Path, spec: BundleSpec) -> Path:
+    path = bundle_dir / "config.json"
+    path.write_text(json.dumps(oci_spec(spec), indent=1))
+    return path

@@ -1,0 +1,87 @@
+"""The sandbox cgroups runsc makes (cgroup v1 controllers beside a v2 mount on this host).
+
+runsc creates them from the OCI spec's `cgroupsPath` but sometimes leaves the directories
+behind after `delete -force` (PLATFORM.md), so removing them is ours to do, and the memory
+controller's `oom_kill` counter is how we tell an out-of-memory death from any other.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PARENT = "rollbox"
+
+
+def cgroup_path(container_id: str) -> str:
+    return f"/{PARENT}/{container_id}"
+
+
+def controller_dirs(container_id: str) -> list[Path]:
+    """Every existing directory of this sandbox's cgroup, across v1 controllers and v2."""
+    out = []
+    if not CGROUP_ROOT.exists():
+        return out
+    for ctl in sorted(os.listdir(CGROUP_ROOT)):
+        d = CGROUP_ROOT / ctl / PARENT / container_id
+        if d.is_dir():
+            out.append(d)
+    return out
+
+
+def oom_killed(container_id: str) -> bool:
+    """True when the kernel OOM-killed anything in the sandbox's memory cgroup."""
+    f = CGROUP_ROOT / "memory" / PARENT / container_id / "memory.oom_control"
+    try:
+        for line in f.read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if k == "oom_kill" and int(v) > 0:
+                return True
+    except (OSError, ValueError):
+        pass
+    v2 = CGROUP_ROOT / "unified" / PARENT / container_id / "memory.events"
+    try:
+        for line in v2.read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if k == "oom_kill" and int(v) > 0:
+                return True
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def memory_usage_bytes(container_id: str) -> int | None:
+    f = CGROUP_ROOT / "memory" / PARENT / container_id / "memory.usage_in_bytes"
+    try:
+        return int(f.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def remove(container_id: str) -> list[Path]:
+    """Removes the sandbox's cgroup directories (children first); returns those still there."""
+    left = []
+    for d in controller_dirs(container_id):
+        for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            try:
+                sub.rmdir()
+            except OSError:
+                pass
+        try:
+            d.rmdir()
+        except OSError:
+            left.append(d)
+    return left
+
+
+def leftover_ids() -> set[str]:
+    """Container ids that still have a cgroup directory under any controller."""
+    ids: set[str] = set()
+    if not CGROUP_ROOT.exists():
+        return ids
+    for ctl in os.listdir(CGROUP_ROOT):
+        parent = CGROUP_ROOT / ctl / PARENT
+        if parent.is_dir():
+            ids.update(p.name for p in parent.iterdir() if p.is_dir())
+    return ids

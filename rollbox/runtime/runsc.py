@@ -1,0 +1,123 @@
+"""The `runsc` CLI, one coroutine per verb. The only module that builds runsc command lines.
+
+Flags follow ../shared/PLATFORM.md: the systrap platform (no KVM needed), `--overlay2=none`
+because the root filesystem is a host overlayfs per sandbox (its upper directory is the
+sandbox's filesystem snapshot), and `--network=none` (loopback only) until networking lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import RuntimeMissing, SandboxLost
+
+INSTALL_HINT = (
+    "install gVisor from bookworm-backports: add the 'bookworm-backports' suite to apt's "
+    "sources, then `apt-get install -t bookworm-backports runsc` (or run `make setup`)"
+)
+
+
+@dataclass(frozen=True)
+class RunscResult:
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
+class Runsc:
+    """Runs runsc verbs against one state root (`--root`). Safe to share between tasks."""
+
+    def __init__(self, root: Path, *, binary: str | None = None, platform: str = "systrap",
+                 network: str = "none") -> None:
+        self.root = root
+        self.binary = binary or shutil.which("runsc") or ""
+        self.platform = platform
+        self.network = network
+
+    def check(self) -> None:
+        """Raises RuntimeMissing with the install hint when runsc is absent."""
+        if not self.binary or not os.access(self.binary, os.X_OK):
+            raise RuntimeMissing(f"gVisor runsc is not installed: {INSTALL_HINT}")
+
+    def argv(self, *verb: str) -> list[str]:
+        self.check()
+        return [self.binary, "--root", str(self.root), f"--platform={self.platform}",
+                f"--network={self.network}", "--overlay2=none", *verb]
+
+    async def run(self, *verb: str, timeout: float = 60.0) -> RunscResult:
+        proc = await asyncio.create_subprocess_exec(
+            *self.argv(*verb), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise SandboxLost(f"`runsc {' '.join(verb)}` did not finish in {timeout:.0f} s") from None
+        return RunscResult(proc.returncode or 0, out, err)
+
+    async def start_detached(self, verb: str, container_id: str, bundle: Path, *, stdin_fd: int,
+                             stdout_fd: int, log_path: Path, extra: tuple[str, ...] = (),
+                             timeout: float = 60.0) -> RunscResult:
+        """`runsc run|restore -detach`: the sandbox inherits stdin/stdout (the agent channel).
+
+        stderr goes to a file: a pipe would stay open in the sandbox and never reach EOF.
+        The sandbox runs in its own session so that signals to the daemon do not reach it.
+        """
+        with open(log_path, "ab") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *self.argv(verb, "-detach", *extra, "--bundle", str(bundle), container_id),
+                stdin=stdin_fd, stdout=stdout_fd, stderr=log, start_new_session=True)
+        try:
+            rc = await asyncio.wait_for(proc.wait(), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise SandboxLost(f"`runsc {verb}` of {container_id} did not finish in {timeout:.0f} s") from None
+        tail = log_path.read_bytes()[-2000:] if log_path.exists() else b""
+        return RunscResult(rc, b"", tail)
+
+    async def state(self, container_id: str) -> dict[str, object] | None:
+        res = await self.run("state", container_id, timeout=20)
+        if res.returncode != 0:
+            return None
+        try:
+            return dict(json.loads(res.stdout))
+        except ValueError:
+            return None
+
+    async def list_ids(self) -> list[str]:
+        res = await self.run("list", "-quiet", timeout=30)
+        return [line for line in res.stdout.decode().split() if line]
+
+    async def checkpoint(self, container_id: str, image_path: Path, *, leave_running: bool) -> RunscResult:
+        extra = ["--leave-running"] if leave_running else []
+        # Uncompressed pages restore faster (PLATFORM.md: ~190-250 ms vs ~220-310 ms).
+        return await self.run("checkpoint", "--image-path", str(image_path), "--compression=none",
+                              *extra, container_id, timeout=300)
+
+    async def delete(self, container_id: str) -> RunscResult:
+        res = await self.run("delete", "-force", container_id, timeout=60)
+        # runsc leaves its control socket behind when a sandbox died badly, and then refuses
+        # to create a container with the same id; remove it ourselves.
+        for stale in (self.root / f"runsc-{container_id}.sock",):
+            try:
+                stale.unlink()
+            except FileNotFoundError:
+                pass
+        return res
+
+    async def pause(self, container_id: str) -> RunscResult:
+        return await self.run("pause", container_id, timeout=60)
+
+    async def resume(self, container_id: str) -> RunscResult:
+        return await self.run("resume", container_id, timeout=60)
+
+    async def version(self) -> str:
+        res = await self.run("--version", timeout=10)
+        return res.stdout.decode().splitlines()[0] if res.stdout else ""

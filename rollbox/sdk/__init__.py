@@ -1,0 +1,1 @@
+"""The user-facing SDK: Sandbox, Image, SandboxPool (sync, with `.aio` async mirrors)."""

@@ -1,0 +1,196 @@
+"""SandboxPool: fan episodes out over fresh sandboxes restored from one memory snapshot.
+
+Each episode: restore a fresh sandbox → `run_episode(sb, task)` → terminate. Outcomes:
+
+- `ok`: the function returned; `reward` is derived from its value.
+- `timeout`: the episode ran past `timeout` seconds, or an exec in it timed out: reward 0.
+  (A timeout is a zero-reward sample, as RL trainers expect.)
+- `oom`: the sandbox ran out of memory during the episode: reward 0.
+- `error`: the function raised (the episode code failed): reward 0.
+- `infra_error`: the platform failed (sandbox lost, daemon gone, restore failed) on every one
+  of `retries + 1` fresh sandboxes: reward None, never a silent 0.
+
+A sandbox is never reused: a failed one is discarded with its episode attempt.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from .. import errors
+from ..client.transport import Client
+from ..types import EpisodeResult
+from .sandbox import Sandbox, SandboxInstance, default_client
+
+
+def reward_of(value: Any) -> float | None:
+    """bool → 1.0/0.0; a number → float; a dict with 'reward' → that; otherwise None."""
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, dict) and "reward" in value:
+        return reward_of(value["reward"])
+    return None
+
+
+class SandboxPool:
+    """Runs episodes concurrently, each in a fresh sandbox restored from `snapshot_id`.
+
+    Args:
+        snapshot_id: the memory snapshot every episode starts from (`sb.snapshot_memory()`).
+        max_concurrency: episodes (so sandboxes) alive at once.
+        keep_warm_seconds: the backstop TTL of each episode sandbox, in seconds.
+
+    Use as a context manager or call `close()`; closing waits for teardowns in flight.
+    """
+
+    def __init__(self, snapshot_id: str, max_concurrency: int = 16, *, keep_warm_seconds: float | None = 600,
+                 client: Client | None = None) -> None:
+        if max_concurrency < 1:
+            raise errors.InvalidArgument(f"max_concurrency={max_concurrency} must be >= 1")
+        self.snapshot_id = snapshot_id
+        self.max_concurrency = max_concurrency
+        self.keep_warm_seconds = keep_warm_seconds
+        self._client = client or default_client()
+        self._reaper = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="rollbox-teardown")
+
+    def __enter__(self) -> "SandboxPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._reaper.shutdown(wait=True)
+
+    def _terminate_later(self, sb: SandboxInstance) -> None:
+        def go() -> None:
+            try:
+                sb.terminate()
+            except errors.RollboxError:
+                pass
+        self._reaper.submit(go)
+
+    def _attempt(self, fn: Callable[[SandboxInstance, Any], Any], task: Any, timeout: float | None
+                 ) -> tuple[str, Any, str | None, SandboxInstance | None, float | None, bool]:
+        """One attempt on one fresh sandbox: (status, value, error, sandbox, ttfc_ms, retryable)."""
+        t0 = time.monotonic()
+        try:
+            sb = Sandbox(keep_warm_seconds=self.keep_warm_seconds, client=self._client
+                         ).create_from_memory_snapshot(self.snapshot_id)
+        except errors.RollboxError as e:
+            if isinstance(e, (errors.SnapshotNotFound, errors.InvalidArgument)):
+                raise
+            return "infra_error", None, f"{type(e).__name__}: {e}", None, None, True
+        ttfc_ms = (time.monotonic() - t0) * 1000
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                box["value"] = fn(sb, task)
+            except BaseException as e:  # noqa: BLE001 - classified below
+                box["exc"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=run, daemon=True, name=f"episode-{sb.sandbox_id}").start()
+        finished = done.wait(timeout)
+        try:
+            if not finished:
+                return "timeout", None, f"episode ran past {timeout} s", sb, ttfc_ms, False
+            if sb.saw_oom:
+                return "oom", None, "the sandbox ran out of memory", sb, ttfc_ms, False
+            exc = box.get("exc")
+            if exc is not None:
+                if isinstance(exc, errors.RollboxError) and exc.retryable:
+                    return "infra_error", None, f"{type(exc).__name__}: {exc}", sb, ttfc_ms, True
+                if sb.saw_timeout:
+                    return "timeout", None, "a command timed out", sb, ttfc_ms, False
+                return "error", None, f"{type(exc).__name__}: {exc}", sb, ttfc_ms, False
+            if sb.saw_timeout:
+                return "timeout", box.get("value"), "a command timed out", sb, ttfc_ms, False
+            return "ok", box.get("value"), None, sb, ttfc_ms, False
+        finally:
+            # Terminating also ends a runaway episode: its pending calls fail and it returns.
+            self._terminate_later(sb)
+
+    def _episode(self, index: int, fn: Callable[[SandboxInstance, Any], Any], task: Any,
+                 timeout: float | None, retries: int) -> EpisodeResult:
+        start = time.monotonic()
+        attempts = 0
+        while True:
+            attempts += 1
+            status, value, err, sb, ttfc, retryable = self._attempt(fn, task, timeout)
+            if status == "infra_error" and retryable and attempts <= retries:
+                continue
+            if status == "ok":
+                reward = reward_of(value)
+            elif status == "infra_error":
+                reward = None
+            else:
+                reward = 0.0
+            return EpisodeResult(index=index, status=status, value=value if status == "ok" else None,  # type: ignore[arg-type]
+                                 reward=reward, attempts=attempts, sandbox_id=sb.sandbox_id if sb else None,
+                                 wall_s=time.monotonic() - start, error=err, ttfc_ms=ttfc)
+
+    def map(self, fn: Callable[[SandboxInstance, Any], Any], tasks: Iterable[Any], *, timeout: float | None = 60.0,
+            retries: int = 1, ordered: bool = False, progress: bool | None = None) -> Iterator[EpisodeResult]:
+        """Runs `fn(sandbox, task)` for every task; yields an EpisodeResult per task.
+
+        Args:
+            fn: the episode; its return value is the reward (bool, number, or {"reward": x, ...}).
+            tasks: any iterable; materialised up front.
+            timeout: seconds per episode attempt (restore excluded); None = no limit.
+            retries: extra attempts, each on a fresh sandbox, after an infrastructure fault.
+            ordered: yield in input order instead of completion order.
+            progress: show a rich progress bar; None = only when stderr is a terminal.
+
+        Yields:
+            EpisodeResult, as episodes finish (or in input order with `ordered=True`).
+
+        Raises:
+            SnapshotNotFound: the snapshot id is unknown (raised before any episode runs).
+        """
+        items = list(tasks)
+        if retries < 0:
+            raise errors.InvalidArgument(f"retries={retries} must be >= 0")
+        self._client.request("GET", "/snapshots")  # reachability; bad ids surface on first restore
+        show = sys.stderr.isatty() if progress is None else progress
+        bar = None
+        if show:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            bar = Progress(TextColumn("episodes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                           transient=False)
+            bar_task = bar.add_task("episodes", total=len(items))
+            bar.start()
+        try:
+            with cf.ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="rollbox-episode") as ex:
+                futs = {ex.submit(self._episode, i, fn, t, timeout, retries): i for i, t in enumerate(items)}
+                pending: dict[int, EpisodeResult] = {}
+                next_i = 0
+                try:
+                    for fut in cf.as_completed(futs):
+                        res = fut.result()
+                        if bar is not None:
+                            bar.advance(bar_task)
+                        if not ordered:
+                            yield res
+                            continue
+                        pending[res.index] = res
+                        while next_i in pending:
+                            yield pending.pop(next_i)
+                            next_i += 1
+                except BaseException:
+                    for f in futs:
+                        f.cancel()
+                    raise
+        finally:
+            if bar is not None:
+                bar.stop()

@@ -1,0 +1,255 @@
+"""Sandbox (the configuration) and SandboxInstance (a live sandbox), Beam-style.
+
+    sb = Sandbox(image=Image.debian(), cpu=1.0, memory=1024, keep_warm_seconds=600).create()
+    sb.exec("python3", "-c", "print(6*7)", timeout=5)
+    snapshot_id = sb.snapshot_memory()
+    copy = Sandbox().create_from_memory_snapshot(snapshot_id)
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import errors
+from ..client.transport import Client
+from ..types import ExecResult, FileEntry, SandboxInfo
+from ._aio import synchronized
+from .image import Image
+
+_shared_client: list[Client] = []
+
+
+def default_client() -> Client:
+    """One client per process, made on first use (connection pooling across sandboxes)."""
+    if not _shared_client:
+        _shared_client.append(Client())
+    return _shared_client[0]
+
+
+def _info(d: dict[str, Any]) -> SandboxInfo:
+    return SandboxInfo(**d)
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """How to make a sandbox. Nothing runs until `create()`.
+
+    Args:
+        image: the root filesystem (default `Image.debian()`).
+        cpu: CPU cores, a float (CFS quota), default 1.0.
+        memory: memory limit of the whole sandbox in MiB (gVisor's own ~100 MiB included);
+            exceeding it kills the sandbox and the running exec reports `oom_killed=True`.
+        keep_warm_seconds: seconds without any API call after which the daemon terminates the
+            sandbox (the backstop for leaked sandboxes); None or <= 0 keeps it forever. There
+            is no cap on a sandbox's lifetime while it is used.
+        env: environment variables for every command.
+    """
+
+    image: Image = field(default_factory=Image.debian)
+    cpu: float = 1.0
+    memory: int = 1024
+    keep_warm_seconds: float | None = 600
+    env: dict[str, str] = field(default_factory=dict)
+    client: Client | None = field(default=None, compare=False, repr=False)
+
+    def _client(self) -> Client:
+        return self.client or default_client()
+
+    @synchronized
+    def create(self) -> "SandboxInstance":
+        """Boots a fresh sandbox and returns once its first command can run.
+
+        Raises:
+            ImageNotFound: the image id is unknown.
+            RuntimeMissing: runsc is not installed (the message says how to install it).
+            DaemonUnavailable: no daemon answers and none could be started.
+            SandboxLost: runsc failed to start the sandbox (nothing is left behind).
+        """
+        c = self._client()
+        info = _info(c.request("POST", "/sandboxes", json={
+            "image_id": self.image.image_id, "cpu": self.cpu, "memory": self.memory, "env": self.env,
+            "keep_warm_seconds": self.keep_warm_seconds}))
+        return SandboxInstance(info.sandbox_id, c, info)
+
+    @synchronized
+    def create_from_memory_snapshot(self, snapshot_id: str) -> "SandboxInstance":
+        """Restores a memory snapshot into a new sandbox: its processes continue where they were.
+
+        The restored sandbox keeps the snapshot's image, cpu and memory; `keep_warm_seconds`
+        comes from this Sandbox. Raises SnapshotNotFound for an unknown id.
+        """
+        c = self._client()
+        info = _info(c.request("POST", f"/snapshots/{snapshot_id}/restore",
+                               json={"keep_warm_seconds": self.keep_warm_seconds}))
+        return SandboxInstance(info.sandbox_id, c, info)
+
+    def connect(self, sandbox_id: str) -> "SandboxInstance":
+        """A handle on an existing sandbox (e.g. one made by another process)."""
+        c = self._client()
+        info = _info(c.request("GET", f"/sandboxes/{sandbox_id}"))
+        return SandboxInstance(sandbox_id, c, info)
+
+
+class SandboxFileSystem:
+    """`sb.fs`: files inside the sandbox, read and written through its agent."""
+
+    def __init__(self, sb: "SandboxInstance") -> None:
+        self._sb = sb
+
+    @synchronized
+    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        """Writes `data` (str is UTF-8 encoded) to absolute `path`, creating parent dirs."""
+        raw = data.encode() if isinstance(data, str) else data
+        self._sb._call("POST", "files/write", {"path": path, "data": base64.b64encode(raw).decode(), "mode": mode})
+
+    @synchronized
+    def read_file(self, path: str) -> bytes:
+        """Returns the file's bytes (up to 64 MiB). Raises FileNotFoundInSandbox."""
+        r = self._sb._call("POST", "files/read", {"path": path})
+        return base64.b64decode(r["data"])
+
+    @synchronized
+    def list_files(self, path: str) -> list[FileEntry]:
+        """Entries of directory `path`, sorted by name."""
+        r = self._sb._call("POST", "files/list", {"path": path})
+        return [FileEntry(**{k: e[k] for k in ("name", "path", "is_dir", "size", "mode", "mtime")})
+                for e in r["entries"]]
+
+    @synchronized
+    def remove(self, path: str) -> None:
+        """Removes a file or a directory tree."""
+        self._sb._call("POST", "files/remove", {"path": path})
+
+
+class SandboxInstance:
+    """A live sandbox. Also a context manager: leaving the block terminates it.
+
+    Thread-safe: several threads may exec in one sandbox at once.
+    """
+
+    def __init__(self, sandbox_id: str, client: Client, info: SandboxInfo | None = None) -> None:
+        self.sandbox_id = sandbox_id
+        self._client = client
+        self._info = info
+        self.fs = SandboxFileSystem(self)
+        self.terminated = False
+        # Set by exec results; SandboxPool reads them to classify an episode.
+        self.saw_timeout = False
+        self.saw_oom = False
+
+    def __repr__(self) -> str:
+        return f"SandboxInstance({self.sandbox_id!r})"
+
+    def __enter__(self) -> "SandboxInstance":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.terminate()
+
+    async def __aenter__(self) -> "SandboxInstance":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.terminate.aio()
+
+    @property
+    def ttfc_ms(self) -> float | None:
+        """Milliseconds the daemon took from the create/restore request to a usable agent."""
+        return self._info.ttfc_ms if self._info else None
+
+    def _call(self, method: str, sub: str, body: Any = None) -> Any:
+        return self._client.request(method, f"/sandboxes/{self.sandbox_id}/{sub}", json=body)
+
+    @synchronized
+    def exec(self, *args: str, timeout: float | None = None, env: dict[str, str] | None = None,
+             cwd: str | None = None, stdin: bytes | str | None = None,
+             max_output: int | None = None) -> ExecResult:
+        """Runs a command (argv, no shell) and waits for it.
+
+        Args:
+            *args: the command and its arguments, e.g. `exec("python3", "-c", "print(1)")`.
+            timeout: seconds; on expiry the command's whole process tree (children, background
+                jobs, setsid'd descendants) is killed and the result has `timed_out=True`,
+                `exit_code=None`. None: no limit.
+            env: extra environment variables. cwd: working directory (default $HOME).
+            stdin: bytes (or UTF-8 str) fed to stdin, then closed; None closes stdin at once.
+            max_output: bytes kept per stream (default 8 MiB, the daemon's cap); more is
+                drained and dropped, and `truncated=True`.
+
+        Returns:
+            ExecResult. A nonzero exit is not an exception.
+
+        Raises:
+            SandboxTerminated: the sandbox was terminated before. SandboxLost: it died mid-exec
+                for a reason other than memory (memory gives `oom_killed=True`).
+        """
+        if len(args) == 1 and isinstance(args[0], (list, tuple)):
+            args = tuple(args[0])
+        sin = None
+        if stdin is not None:
+            sin = base64.b64encode(stdin.encode() if isinstance(stdin, str) else stdin).decode()
+        r = self._call("POST", "exec", {"argv": list(args), "env": env or {}, "cwd": cwd, "stdin": sin,
+                                        "timeout": timeout, "max_output": max_output})
+        res = ExecResult.from_wire(r)
+        self.saw_timeout |= res.timed_out
+        self.saw_oom |= res.oom_killed
+        return res
+
+    @synchronized
+    def snapshot_memory(self) -> str:
+        """Captures memory, processes (with open sockets) and files; the sandbox keeps running.
+
+        Returns the snapshot id for `Sandbox().create_from_memory_snapshot(id)` or `SandboxPool`.
+        """
+        return str(self._call("POST", "snapshot")["snapshot_id"])
+
+    @synchronized
+    def create_image_from_filesystem(self) -> str:
+        """Saves the sandbox's files (not its processes) as a new image; returns its id."""
+        return str(self._call("POST", "image")["image_id"])
+
+    @synchronized
+    def fork(self, count: int, *, keep_warm_seconds: float | None = 600,
+             return_exceptions: bool = False) -> list["SandboxInstance"]:
+        """`count` live copies of this sandbox from one memory capture; this one keeps running.
+
+        Each copy continues from the captured state independently, sees its own entropy and has
+        `ROLLBOX_FORK_INDEX` (0..count-1) in the environment of the commands it starts.
+
+        Returns:
+            A list of length `count`, in fork-index order. With `return_exceptions=True` a
+            failed copy is its exception in its slot; otherwise the first failure terminates the
+            copies that did start and is raised.
+        """
+        out = self._call("POST", "fork", {"count": count, "keep_warm_seconds": keep_warm_seconds})
+        kids: list[Any] = []
+        for item in out:
+            if "sandbox" in item:
+                info = _info(item["sandbox"])
+                kids.append(SandboxInstance(info.sandbox_id, self._client, info))
+            else:
+                kids.append(errors.from_wire(item["error"], 500))
+        failures = [k for k in kids if isinstance(k, Exception)]
+        if failures and not return_exceptions:
+            for k in kids:
+                if isinstance(k, SandboxInstance):
+                    k.terminate()
+            raise failures[0]
+        return kids
+
+    @synchronized
+    def info(self) -> SandboxInfo:
+        return _info(self._client.request("GET", f"/sandboxes/{self.sandbox_id}"))
+
+    @synchronized
+    def terminate(self) -> None:
+        """Stops the sandbox and removes everything it made on the host. Idempotent."""
+        if self.terminated:
+            return
+        try:
+            self._client.request("DELETE", f"/sandboxes/{self.sandbox_id}")
+        except errors.SandboxNotFound:
+            pass
+        self.terminated = True

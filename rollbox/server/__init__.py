@@ -1,0 +1,1 @@
+"""The daemon: HTTP API (app), sandbox lifecycle (service), SQLite state (store), watchdog."""

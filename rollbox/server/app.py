@@ -1,0 +1,162 @@
+"""HTTP routes of the daemon (FastAPI; the OpenAPI schema is served at /openapi.json).
+
+`create_app(service)` builds the app with no global state. Every rollbox error becomes
+`{"code", "message", "sandbox_id"}` with its HTTP status, which the SDK maps back to the type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from .. import __version__, errors
+from .service import SandboxService
+
+log = logging.getLogger("rollbox.api")
+
+
+class CreateSandbox(BaseModel):
+    image_id: str = Field(description="image to boot, e.g. 'im-debian-bookworm'")
+    cpu: float = Field(1.0, description="CPU cores (float)")
+    memory: int = Field(1024, description="memory limit of the whole sandbox, MiB")
+    env: dict[str, str] = Field(default_factory=dict)
+    keep_warm_seconds: float | None = Field(600, description="idle seconds before the sandbox is killed; None or <=0: never")
+
+
+class RestoreSnapshot(BaseModel):
+    keep_warm_seconds: float | None = 600
+
+
+class ExecRequest(BaseModel):
+    argv: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    stdin: str | None = Field(None, description="base64 bytes for stdin; None closes stdin at once")
+    timeout: float | None = Field(None, description="seconds; None = no limit")
+    max_output: int | None = Field(None, description="bytes kept per stream; the rest is dropped (truncated=true)")
+
+
+class WriteFile(BaseModel):
+    path: str
+    data: str = Field(description="base64 bytes")
+    mode: int = 0o644
+
+
+class PathRequest(BaseModel):
+    path: str
+
+
+class ForkRequest(BaseModel):
+    count: int = Field(ge=1, le=1024)
+    keep_warm_seconds: float | None = 600
+
+
+def create_app(service: SandboxService) -> FastAPI:
+    app = FastAPI(title="rollbox daemon", version=__version__)
+    app.state.service = service
+
+    @app.exception_handler(errors.RollboxError)
+    async def _rollbox_error(_req: Request, exc: errors.RollboxError) -> JSONResponse:
+        return JSONResponse(status_code=exc.status, content=exc.to_wire())
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return JSONResponse(status_code=500, content={"code": "internal", "message": f"{type(exc).__name__}: {exc}",
+                                                      "sandbox_id": None})
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        import os
+        return {"ok": True, "version": __version__, "pid": os.getpid(), "sandboxes": len(service.live)}
+
+    @app.post("/sandboxes")
+    async def create(body: CreateSandbox) -> dict[str, Any]:
+        if body.image_id == "im-debian-bookworm":
+            await asyncio.to_thread(service.images.ensure_debian)
+        info = await service.create(image_id=body.image_id, cpu=body.cpu, memory_mib=body.memory, env=body.env,
+                                    keep_warm_seconds=body.keep_warm_seconds)
+        return asdict(info)
+
+    @app.get("/sandboxes")
+    async def list_sandboxes(all: bool = False) -> list[dict[str, Any]]:  # noqa: A002 - query name
+        return [asdict(i) for i in service.list(all)]
+
+    @app.get("/sandboxes/{sandbox_id}")
+    async def get_sandbox(sandbox_id: str) -> dict[str, Any]:
+        return asdict(service.info(sandbox_id))
+
+    @app.delete("/sandboxes/{sandbox_id}")
+    async def terminate(sandbox_id: str) -> dict[str, Any]:
+        return asdict(await service.terminate(sandbox_id))
+
+    @app.post("/sandboxes/{sandbox_id}/exec")
+    async def exec_(sandbox_id: str, body: ExecRequest) -> dict[str, Any]:
+        return await service.exec(sandbox_id, body.argv, env=body.env, cwd=body.cwd, stdin=body.stdin,
+                                  timeout=body.timeout, max_output=body.max_output)
+
+    @app.post("/sandboxes/{sandbox_id}/files/write")
+    async def write_file(sandbox_id: str, body: WriteFile) -> dict[str, Any]:
+        return await service.write_file(sandbox_id, body.path, body.data, body.mode)
+
+    @app.post("/sandboxes/{sandbox_id}/files/read")
+    async def read_file(sandbox_id: str, body: PathRequest) -> dict[str, Any]:
+        return await service.read_file(sandbox_id, body.path)
+
+    @app.post("/sandboxes/{sandbox_id}/files/list")
+    async def list_files(sandbox_id: str, body: PathRequest) -> dict[str, Any]:
+        return await service.list_files(sandbox_id, body.path)
+
+    @app.post("/sandboxes/{sandbox_id}/files/remove")
+    async def remove_file(sandbox_id: str, body: PathRequest) -> dict[str, Any]:
+        return await service.remove_file(sandbox_id, body.path)
+
+    @app.post("/sandboxes/{sandbox_id}/snapshot")
+    async def snapshot(sandbox_id: str) -> dict[str, Any]:
+        return {"snapshot_id": await service.snapshot_memory(sandbox_id)}
+
+    @app.post("/sandboxes/{sandbox_id}/fork")
+    async def fork(sandbox_id: str, body: ForkRequest) -> list[dict[str, Any]]:
+        out = await service.fork(sandbox_id, body.count, body.keep_warm_seconds)
+        return [{"sandbox": asdict(o["sandbox"])} if "sandbox" in o else o for o in out]
+
+    @app.post("/sandboxes/{sandbox_id}/image")
+    async def image_from_fs(sandbox_id: str) -> dict[str, Any]:
+        return {"image_id": await service.create_image_from_filesystem(sandbox_id)}
+
+    @app.post("/snapshots/{snapshot_id}/restore")
+    async def restore(snapshot_id: str, body: RestoreSnapshot) -> dict[str, Any]:
+        return asdict(await service.restore(snapshot_id, keep_warm_seconds=body.keep_warm_seconds))
+
+    @app.get("/snapshots")
+    async def list_snapshots() -> list[dict[str, Any]]:
+        return [asdict(m) for m in service.snapshots.list()]
+
+    @app.delete("/snapshots/{snapshot_id}")
+    async def delete_snapshot(snapshot_id: str) -> dict[str, Any]:
+        await service.delete_snapshot(snapshot_id)
+        return {"deleted": snapshot_id}
+
+    @app.post("/images/debian")
+    async def ensure_debian() -> dict[str, Any]:
+        return {"image_id": await asyncio.to_thread(service.images.ensure_debian)}
+
+    @app.get("/images")
+    async def list_images() -> list[dict[str, Any]]:
+        return [asdict(m) for m in service.images.list()]
+
+    @app.get("/images/{image_id}")
+    async def get_image(image_id: str) -> dict[str, Any]:
+        return asdict(service.images.meta(image_id))
+
+    @app.get("/usage")
+    async def usage() -> list[dict[str, Any]]:
+        return service.store.usage()
+
+    return app

@@ -1,0 +1,81 @@
+"""`rollbox serve`: one daemon per state directory, serving the API on a unix socket.
+
+Start-up: take the state directory's lock (a second daemon exits at once), become the
+sandboxes' subreaper, reconcile what a previous daemon left (re-attach or clean up), then
+serve. The watchdog enforces keep_warm_seconds and reaps orphans while it runs.
+Sandboxes outlive the daemon: stopping it stops nothing inside them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+from typing import IO
+
+import uvicorn
+
+from ..config import Paths
+from ..errors import RollboxError
+from ..runtime.reaper import become_subreaper
+from ..runtime.runsc import Runsc
+from .app import create_app
+from .service import SandboxService
+from .store import Store
+
+log = logging.getLogger("rollbox.daemon")
+
+
+def _lock(paths: Paths) -> IO[str]:
+    f = open(paths.daemon_lock, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise RollboxError(f"another rollbox daemon already serves {paths.home} (lock {paths.daemon_lock})") from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
+async def _watchdog(service: SandboxService, interval_s: float = 1.0) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await service.expire_idle()
+            service.reaper.sweep()
+        except Exception:  # noqa: BLE001 - the watchdog must outlive any one failure
+            log.exception("watchdog pass failed")
+
+
+async def serve_async(paths: Paths) -> None:
+    paths.ensure()
+    lock = _lock(paths)
+    become_subreaper()
+    runsc = Runsc(paths.runsc_root)
+    runsc.check()
+    store = Store(paths.db)
+    service = SandboxService(paths, runsc, store)
+    summary = await service.recover()
+    log.info("recovered state: %s", summary)
+    app = create_app(service)
+    if paths.socket.exists():
+        paths.socket.unlink()
+    config = uvicorn.Config(app, uds=str(paths.socket), log_level="warning", access_log=False,
+                            timeout_keep_alive=300)
+    server = uvicorn.Server(config)
+    watchdog = asyncio.create_task(_watchdog(service))
+    try:
+        await server.serve()
+    finally:
+        watchdog.cancel()
+        store.close()
+        lock.close()
+
+
+def serve(paths: Paths | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    asyncio.run(serve_async(paths or Paths.from_env()))

@@ -1,0 +1,438 @@
+"""Sandbox lifecycle: create, restore, fork, exec, files, snapshots, terminate, recover.
+
+Every method runs on the daemon's event loop. Blocking host work (mount, copies) goes to a
+thread; runsc runs as asyncio subprocesses. A sandbox's host resources are: a directory
+`sandboxes/<id>/` (bundle, overlay upper/work/rootfs mount, FIFOs, runsc log), a runsc
+container, its cgroups, and its processes. `_teardown` removes all of them and is safe to
+call twice; `recover` runs it for anything a crashed daemon left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import errors
+from ..config import Paths
+from ..images.store import ImageStore
+from ..runtime import cgroups
+from ..runtime.bundle import BundleSpec, write_bundle
+from ..runtime.channel import AgentChannel, AgentError, make_fifos, open_for_sandbox
+from ..runtime.reaper import Reaper
+from ..runtime.rootfs import copy_tree, disk_free_bytes, mount_overlay, remove_tree, unmount
+from ..runtime.runsc import Runsc
+from ..snapshots.store import SnapshotMeta, SnapshotStore, new_snapshot_id
+from ..types import SandboxInfo
+from .store import LIVE_STATES, Store
+
+log = logging.getLogger("rollbox.service")
+
+# Output kept per stream of one exec, in bytes; the rest is counted and dropped (`truncated`).
+DEFAULT_MAX_OUTPUT = 8 * 1024 * 1024
+BOOT_TIMEOUT_S = 60.0
+MIN_FREE_DISK = 256 * 1024 * 1024
+AGENT_ERRORS: dict[str, type[errors.RollboxError]] = {
+    "not_found": errors.FileNotFoundInSandbox,
+    "is_a_directory": errors.InvalidArgument,
+    "not_a_directory": errors.InvalidArgument,
+    "permission_denied": errors.InvalidArgument,
+}
+
+
+def new_sandbox_id() -> str:
+    # 24 hex digits, one fixed length: runsc accepts id prefixes, so no id may prefix another.
+    return "sb-" + secrets.token_hex(12)
+
+
+def container_id(sandbox_id: str) -> str:
+    return sandbox_id.removeprefix("sb-")
+
+
+@dataclass
+class Live:
+    """A running sandbox's in-memory handles."""
+
+    sandbox_id: str
+    channel: AgentChannel
+    image_id: str
+    cpu: float
+    memory_mib: int
+    env: dict[str, str]
+    keep_warm_seconds: float | None
+    pid: int | None = None
+    last_active: float = field(default_factory=time.monotonic)
+    exit_reason: str | None = None
+    busy: int = 0
+
+
+class SandboxService:
+    def __init__(self, paths: Paths, runsc: Runsc, store: Store) -> None:
+        self.paths = paths
+        self.runsc = runsc
+        self.store = store
+        self.images = ImageStore(paths.images)
+        self.snapshots = SnapshotStore(paths.snapshots)
+        self.reaper = Reaper()
+        self.live: dict[str, Live] = {}
+        self._teardowns: dict[str, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def _dir(self, sandbox_id: str) -> Path:
+        return self.paths.sandboxes / sandbox_id
+
+    def _live(self, sandbox_id: str) -> Live:
+        lv = self.live.get(sandbox_id)
+        if lv is not None and lv.channel.closed_reason is None:
+            lv.last_active = time.monotonic()
+            return lv
+        row = self.store.get_row(sandbox_id)
+        if row is None and lv is None:
+            if not sandbox_id.startswith("sb-"):
+                raise errors.SandboxNotFound(f"{sandbox_id!r} is not a sandbox id (expected 'sb-' + 24 hex digits)")
+            raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found: list sandboxes with `rollbox ps`",
+                                         sandbox_id=sandbox_id)
+        reason = (lv.exit_reason if lv else None) or (row["exit_reason"] if row else None) or "terminated"
+        raise errors.SandboxTerminated(
+            f"sandbox {sandbox_id} is no longer running ({reason}); create a new one",
+            sandbox_id=sandbox_id)
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    def info(self, sandbox_id: str) -> SandboxInfo:
+        row = self.store.get_row(sandbox_id)
+        if row is None:
+            raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found", sandbox_id=sandbox_id)
+        return self.store.sandbox_info(row)
+
+    def list(self, all_states: bool = False) -> list[SandboxInfo]:
+        rows = self.store.list_rows(None if all_states else LIVE_STATES)
+        return [self.store.sandbox_info(r) for r in rows]
+
+    # ---- boot ----------------------------------------------------------------------------
+
+    async def _boot(self, *, sandbox_id: str, image_id: str, cpu: float, memory_mib: int,
+                    env: dict[str, str], keep_warm_seconds: float | None,
+                    snapshot: SnapshotMeta | None = None, fork_index: int | None = None) -> SandboxInfo:
+        t0 = time.monotonic()
+        if cpu <= 0 or cpu > (os.cpu_count() or 1) * 4:
+            raise errors.InvalidArgument(f"cpu={cpu} is out of range: give cores as a float in (0, {(os.cpu_count() or 1) * 4}]")
+        if memory_mib < 128:
+            raise errors.InvalidArgument(f"memory={memory_mib} MiB is too small: gVisor itself needs ~100 MiB; give at least 128")
+        if disk_free_bytes(self.paths.home) < MIN_FREE_DISK:
+            raise errors.ResourceExhausted(
+                f"less than {MIN_FREE_DISK >> 20} MiB free under {self.paths.home}: remove snapshots or images, or free disk")
+        lowers = self.images.layers(image_id)  # raises ImageNotFound
+        cid = container_id(sandbox_id)
+        d = self._dir(sandbox_id)
+        d.mkdir(parents=True)
+        channel = AgentChannel(sandbox_id, d / "in", d / "out")
+        try:
+            if snapshot is not None:
+                await asyncio.to_thread(copy_tree, self.snapshots.upper_dir(snapshot.snapshot_id), d / "upper")
+            await asyncio.to_thread(mount_overlay, lowers, d / "upper", d / "work", d / "rootfs")
+            write_bundle(d, BundleSpec(rootfs=d / "rootfs", cgroup_path=cgroups.cgroup_path(cid),
+                                       cpu=cpu, memory_mib=memory_mib, env=env))
+            fin, fout = make_fifos(d)
+            sb_in, sb_out = open_for_sandbox(fin, fout)
+            try:
+                if snapshot is None:
+                    res = await self.runsc.start_detached("run", cid, d, stdin_fd=sb_in, stdout_fd=sb_out,
+                                                          log_path=d / "runsc.log", timeout=BOOT_TIMEOUT_S)
+                else:
+                    ck = str(self.snapshots.checkpoint_dir(snapshot.snapshot_id))
+                    res = await self.runsc.start_detached("restore", cid, d, stdin_fd=sb_in, stdout_fd=sb_out,
+                                                          log_path=d / "runsc.log", timeout=BOOT_TIMEOUT_S,
+                                                          extra=("--image-path", ck))
+                channel.open()
+            finally:
+                os.close(sb_in)
+                os.close(sb_out)
+            if res.returncode != 0:
+                raise errors.SandboxLost(
+                    f"runsc could not start sandbox {sandbox_id} (exit {res.returncode}): "
+                    f"{res.stderr.decode(errors='replace').strip()[-800:]}", sandbox_id=sandbox_id)
+            if snapshot is None:
+                await channel.wait_ready(BOOT_TIMEOUT_S)
+            identity = {"ROLLBOX_SANDBOX_ID": sandbox_id}
+            if fork_index is not None:
+                identity["ROLLBOX_FORK_INDEX"] = str(fork_index)
+            if snapshot is not None:
+                # Restored copies would otherwise share everything; give each its own identity
+                # and fresh entropy (gVisor's getrandom already reads host entropy).
+                await channel.request("identity", wait_s=BOOT_TIMEOUT_S, env=identity,
+                                      entropy=base64.b64encode(os.urandom(64)).decode())
+            else:
+                await channel.request("identity", wait_s=BOOT_TIMEOUT_S, env=identity)
+            ttfc_ms = (time.monotonic() - t0) * 1000
+        except BaseException as exc:
+            channel.close("the sandbox failed to start")
+            await self._teardown_host(sandbox_id)
+            if isinstance(exc, errors.RollboxError):
+                raise
+            if isinstance(exc, asyncio.TimeoutError):
+                raise errors.SandboxLost(f"sandbox {sandbox_id} did not answer within {BOOT_TIMEOUT_S:.0f} s "
+                                         f"of starting; see `rollbox doctor`", sandbox_id=sandbox_id) from None
+            raise
+        lv = Live(sandbox_id, channel, image_id, cpu, memory_mib, env, keep_warm_seconds)
+        self.live[sandbox_id] = lv
+        now = time.time()
+        self.store.insert_sandbox(
+            sandbox_id=sandbox_id, state="running", image_id=image_id, created_at=now, cpu=cpu,
+            memory_mib=memory_mib, keep_warm_seconds=keep_warm_seconds,
+            snapshot_id=snapshot.snapshot_id if snapshot else None, fork_index=fork_index, ttfc_ms=ttfc_ms)
+        channel.on_lost = lambda reason: self._on_lost(sandbox_id, reason)
+        lv.pid = self._find_sandbox_pid(cid)
+        if lv.pid is not None:
+            self.reaper.watch(lv.pid, lambda: self._on_lost(sandbox_id, "the sandbox process exited"))
+        return self.info(sandbox_id)
+
+    @staticmethod
+    def _find_sandbox_pid(cid: str) -> int | None:
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0] == b"runsc-sandbox" and cid.encode() in argv:
+                return int(name)
+        return None
+
+    async def create(self, *, image_id: str, cpu: float = 1.0, memory_mib: int = 1024,
+                     env: dict[str, str] | None = None, keep_warm_seconds: float | None = 600) -> SandboxInfo:
+        return await self._boot(sandbox_id=new_sandbox_id(), image_id=image_id, cpu=cpu, memory_mib=memory_mib,
+                                env=dict(env or {}), keep_warm_seconds=keep_warm_seconds)
+
+    async def restore(self, snapshot_id: str, *, keep_warm_seconds: float | None = 600,
+                      fork_index: int | None = None) -> SandboxInfo:
+        meta = self.snapshots.meta(snapshot_id)
+        return await self._boot(sandbox_id=new_sandbox_id(), image_id=meta.image_id, cpu=meta.cpu,
+                                memory_mib=meta.memory_mib, env=meta.env, keep_warm_seconds=keep_warm_seconds,
+                                snapshot=meta, fork_index=fork_index)
+
+    # ---- death and teardown --------------------------------------------------------------
+
+    def _on_lost(self, sandbox_id: str, reason: str) -> None:
+        lv = self.live.get(sandbox_id)
+        if lv is None or lv.exit_reason is not None:
+            return
+        lv.exit_reason = "oom" if cgroups.oom_killed(container_id(sandbox_id)) else "exited"
+        log.info("sandbox %s ended by itself (%s: %s)", sandbox_id, lv.exit_reason, reason)
+        lv.channel.fail(f"the sandbox ended ({lv.exit_reason})")
+        self._spawn(self.terminate(sandbox_id, reason=lv.exit_reason))
+
+    async def terminate(self, sandbox_id: str, reason: str = "terminated") -> SandboxInfo:
+        """Stops the sandbox and removes all it made on the host. Idempotent."""
+        lv = self.live.get(sandbox_id)
+        if lv is None and self.store.get_row(sandbox_id) is None:
+            raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found", sandbox_id=sandbox_id)
+        task = self._teardowns.get(sandbox_id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._terminate(sandbox_id, reason))
+            self._teardowns[sandbox_id] = task
+            task.add_done_callback(lambda _t: self._teardowns.pop(sandbox_id, None))
+        await asyncio.shield(task)
+        return self.info(sandbox_id)
+
+    async def _terminate(self, sandbox_id: str, reason: str) -> None:
+        lv = self.live.pop(sandbox_id, None)
+        row = self.store.get_row(sandbox_id)
+        if lv is not None:
+            reason = lv.exit_reason or reason
+            if lv.pid is not None:
+                self.reaper.unwatch(lv.pid)
+            lv.channel.close(f"the sandbox was terminated ({reason})")
+        if row is not None and row["state"] in LIVE_STATES:
+            self.store.update_sandbox(sandbox_id, state="terminated", ended_at=time.time(), exit_reason=reason)
+        await self._teardown_host(sandbox_id)
+
+    async def _teardown_host(self, sandbox_id: str) -> None:
+        cid = container_id(sandbox_id)
+        d = self._dir(sandbox_id)
+        res = await self.runsc.delete(cid)
+        if res.returncode != 0 and b"does not exist" not in res.stderr and b"not found" not in res.stderr:
+            log.warning("runsc delete %s: %s", cid, res.stderr.decode(errors="replace").strip())
+        self.reaper.sweep()
+        await asyncio.to_thread(unmount, d / "rootfs")
+        left = cgroups.remove(cid)
+        if left:
+            await asyncio.sleep(0.1)
+            cgroups.remove(cid)
+        await asyncio.to_thread(remove_tree, d)
+
+    # ---- exec and files ------------------------------------------------------------------
+
+    async def exec(self, sandbox_id: str, argv: list[str], *, env: dict[str, str] | None = None,
+                   cwd: str | None = None, stdin: str | None = None, timeout: float | None = None,
+                   max_output: int | None = None) -> dict[str, Any]:
+        """Runs `argv` in the sandbox; returns the wire form of ExecResult."""
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise errors.InvalidArgument("exec needs a non-empty list of string arguments, e.g. exec('python3', '-c', 'print(1)')")
+        if timeout is not None and timeout <= 0:
+            raise errors.InvalidArgument(f"timeout={timeout} must be a positive number of seconds, or None for no limit")
+        lv = self._live(sandbox_id)
+        lv.busy += 1
+        try:
+            reply = await lv.channel.request(
+                "exec", wait_s=None if timeout is None else timeout + 30.0, argv=argv, env=env or {}, cwd=cwd,
+                stdin=stdin, timeout=timeout, max_output=max_output or DEFAULT_MAX_OUTPUT)
+        except errors.SandboxLost:
+            await asyncio.sleep(0.05)  # let the exit watcher classify the death
+            if lv.exit_reason == "oom" or cgroups.oom_killed(container_id(sandbox_id)):
+                return {"exit_code": 137, "oom_killed": True, "stdout": "", "stderr": "", "timed_out": False,
+                        "truncated": False, "duration_s": 0.0}
+            raise
+        finally:
+            lv.busy -= 1
+            lv.last_active = time.monotonic()
+        reply["oom_killed"] = False
+        return reply
+
+    async def _agent(self, sandbox_id: str, op: str, **fields: Any) -> dict[str, Any]:
+        lv = self._live(sandbox_id)
+        try:
+            return await lv.channel.request(op, wait_s=120.0, **fields)
+        except AgentError as e:
+            cls = AGENT_ERRORS.get(e.kind, errors.RollboxError)
+            raise cls(f"{op} in sandbox {sandbox_id}: {e.message}", sandbox_id=sandbox_id) from None
+
+    async def write_file(self, sandbox_id: str, path: str, data_b64: str, mode: int = 0o644) -> dict[str, Any]:
+        if not path.startswith("/"):
+            raise errors.InvalidArgument(f"path {path!r} must be absolute, e.g. '/work/a.py'")
+        return await self._agent(sandbox_id, "write_file", path=path, data=data_b64, mode=mode)
+
+    async def read_file(self, sandbox_id: str, path: str) -> dict[str, Any]:
+        return await self._agent(sandbox_id, "read_file", path=path)
+
+    async def list_files(self, sandbox_id: str, path: str) -> dict[str, Any]:
+        return await self._agent(sandbox_id, "list_files", path=path)
+
+    async def remove_file(self, sandbox_id: str, path: str) -> dict[str, Any]:
+        return await self._agent(sandbox_id, "remove", path=path)
+
+    # ---- snapshots, fork, images -----------------------------------------------------------
+
+    async def snapshot_memory(self, sandbox_id: str, *, internal: bool = False) -> str:
+        """Captures memory, processes and files; the sandbox keeps running. Returns the id."""
+        lv = self._live(sandbox_id)
+        sid = new_snapshot_id()
+        d = self.snapshots.dir(sid)
+        d.mkdir(parents=True)
+        try:
+            ck = self.snapshots.checkpoint_dir(sid)
+            ck.mkdir()
+            res = await self.runsc.checkpoint(container_id(sandbox_id), ck, leave_running=True)
+            if res.returncode != 0:
+                raise errors.SandboxLost(f"checkpointing sandbox {sandbox_id} failed: "
+                                         f"{res.stderr.decode(errors='replace').strip()[-800:]}", sandbox_id=sandbox_id)
+            await asyncio.to_thread(copy_tree, self._dir(sandbox_id) / "upper", self.snapshots.upper_dir(sid))
+            self.snapshots.write_meta(SnapshotMeta(sid, sandbox_id, lv.image_id, lv.cpu, lv.memory_mib, lv.env,
+                                                   time.time(), internal))
+            self.store.insert_snapshot(sid, sandbox_id, lv.image_id, internal)
+        except BaseException:
+            await asyncio.to_thread(self.snapshots.remove, sid)
+            raise
+        return sid
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        self.snapshots.meta(snapshot_id)
+        await asyncio.to_thread(self.snapshots.remove, snapshot_id)
+        self.store.delete_snapshot(snapshot_id)
+
+    async def fork(self, sandbox_id: str, count: int, keep_warm_seconds: float | None = 600) -> list[dict[str, Any]]:
+        """`count` live copies from one capture; a failed copy is an error entry in its slot."""
+        if count < 1 or count > 1024:
+            raise errors.InvalidArgument(f"fork count={count} must be between 1 and 1024")
+        sid = await self.snapshot_memory(sandbox_id, internal=True)
+        try:
+            results = await asyncio.gather(
+                *(self.restore(sid, keep_warm_seconds=keep_warm_seconds, fork_index=i) for i in range(count)),
+                return_exceptions=True)
+        finally:
+            await self.delete_snapshot(sid)
+        out: list[dict[str, Any]] = []
+        for r in results:
+            if isinstance(r, errors.RollboxError):
+                out.append({"error": r.to_wire()})
+            elif isinstance(r, BaseException):
+                out.append({"error": errors.ApiError(f"fork failed: {r}").to_wire()})
+            else:
+                out.append({"sandbox": r})
+        return out
+
+    async def create_image_from_filesystem(self, sandbox_id: str) -> str:
+        lv = self._live(sandbox_id)
+        meta = await asyncio.to_thread(self.images.create_from_upper, self._dir(sandbox_id) / "upper", lv.image_id)
+        return meta.image_id
+
+    # ---- watchdog and recovery -------------------------------------------------------------
+
+    async def expire_idle(self) -> list[str]:
+        """Terminates sandboxes idle longer than their keep_warm_seconds (the leak backstop)."""
+        now = time.monotonic()
+        expired = [lv.sandbox_id for lv in self.live.values()
+                   if lv.keep_warm_seconds is not None and lv.keep_warm_seconds > 0 and lv.busy == 0
+                   and now - lv.last_active > lv.keep_warm_seconds]
+        for sid in expired:
+            log.info("sandbox %s idle past keep_warm_seconds; terminating", sid)
+            await self.terminate(sid, reason="keep_warm_expired")
+        return expired
+
+    async def recover(self) -> dict[str, int]:
+        """After a daemon (re)start: re-attach live sandboxes, remove everything else."""
+        self.reaper.start()
+        reattached = cleaned = 0
+        running = set(await self.runsc.list_ids())
+        for row in self.store.list_rows(LIVE_STATES):
+            sid = row["sandbox_id"]
+            cid = container_id(sid)
+            ok = False
+            if cid in running:
+                ch = AgentChannel(sid, self._dir(sid) / "in", self._dir(sid) / "out")
+                try:
+                    ch.open()
+                    await ch.request("ping", wait_s=5.0)
+                    ok = True
+                except (errors.RollboxError, OSError):
+                    ch.close("unreachable after a daemon restart")
+            if ok:
+                lv = Live(sid, ch, row["image_id"], row["cpu"], row["memory_mib"], {}, row["keep_warm_seconds"])
+                self.live[sid] = lv
+                ch.on_lost = lambda reason, sid=sid: self._on_lost(sid, reason)
+                lv.pid = self._find_sandbox_pid(cid)
+                if lv.pid is not None:
+                    self.reaper.watch(lv.pid, lambda sid=sid: self._on_lost(sid, "the sandbox process exited"))
+                reattached += 1
+            else:
+                self.store.update_sandbox(sid, state="terminated", ended_at=time.time(), exit_reason="lost")
+                await self._teardown_host(sid)
+                cleaned += 1
+        live_cids = {container_id(s) for s in self.live}
+        for cid in running - live_cids:
+            await self._teardown_host("sb-" + cid)
+            cleaned += 1
+        if self.paths.sandboxes.is_dir():
+            for d in self.paths.sandboxes.iterdir():
+                if d.name not in self.live:
+                    await self._teardown_host(d.name)
+                    cleaned += 1
+        for cid in cgroups.leftover_ids() - live_cids:
+            cgroups.remove(cid)
+        for meta in self.snapshots.list():
+            if meta.internal:
+                await self.delete_snapshot(meta.snapshot_id)
+        return {"reattached": reattached, "cleaned": cleaned}

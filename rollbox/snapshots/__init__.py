@@ -1,0 +1,1 @@
+"""Snapshots: a runsc checkpoint image (memory, processes) + the filesystem upper + metadata."""

@@ -1,0 +1,75 @@
+"""On-disk layout of memory snapshots.
+
+    snapshots/<snapshot_id>/checkpoint/   `runsc checkpoint` image (pages uncompressed)
+    snapshots/<snapshot_id>/upper/        copy of the sandbox's overlay upper at capture time
+    snapshots/<snapshot_id>/meta.json     SnapshotMeta
+
+A restore mounts a copy of `upper` over the same image layers and runs `runsc restore` with a
+bundle whose spec matches the captured one (same mounts and limits), so the restored
+processes find the filesystem they left.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import InvalidArgument, SnapshotNotFound
+from ..runtime.rootfs import remove_tree
+
+
+@dataclass(frozen=True)
+class SnapshotMeta:
+    snapshot_id: str
+    source_sandbox_id: str
+    image_id: str
+    cpu: float
+    memory_mib: int
+    env: dict[str, str] = field(default_factory=dict)
+    created_at: float = 0.0
+    internal: bool = False  # made by fork(); removed when the forks are up
+
+
+def new_snapshot_id() -> str:
+    return "sn-" + secrets.token_hex(12)
+
+
+class SnapshotStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def dir(self, snapshot_id: str) -> Path:
+        if not snapshot_id.startswith("sn-") or "/" in snapshot_id:
+            raise InvalidArgument(f"{snapshot_id!r} is not a snapshot id (expected 'sn-' + 24 hex digits)")
+        return self.root / snapshot_id
+
+    def checkpoint_dir(self, snapshot_id: str) -> Path:
+        return self.dir(snapshot_id) / "checkpoint"
+
+    def upper_dir(self, snapshot_id: str) -> Path:
+        return self.dir(snapshot_id) / "upper"
+
+    def write_meta(self, meta: SnapshotMeta) -> None:
+        p = self.dir(meta.snapshot_id) / "meta.json"
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(meta)))
+        tmp.rename(p)
+
+    def meta(self, snapshot_id: str) -> SnapshotMeta:
+        try:
+            return SnapshotMeta(**json.loads((self.dir(snapshot_id) / "meta.json").read_text()))
+        except FileNotFoundError:
+            raise SnapshotNotFound(f"snapshot {snapshot_id!r} not found: list them with `rollbox snapshot ls`") from None
+
+    def remove(self, snapshot_id: str) -> None:
+        remove_tree(self.dir(snapshot_id))
+
+    def list(self) -> list[SnapshotMeta]:
+        out = []
+        if self.root.is_dir():
+            for d in sorted(self.root.iterdir()):
+                if (d / "meta.json").is_file():
+                    out.append(self.meta(d.name))
+        return out
