@@ -1,0 +1,45 @@
+# rollbox: `make demo` (set-up + the HumanEval main job), `make test` (set-up + the suite).
+# Every set-up step is idempotent: a second run skips what is done.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+STAMPS := .stamps
+ROLLBOX_HOME ?= /var/lib/rollbox
+export ROLLBOX_HOME
+
+.PHONY: setup host venv base-image demo test test-unit test-system bench clean-state doctor
+
+setup: host venv base-image
+
+host:
+	bash scripts/setup-host.sh
+
+$(STAMPS)/venv: pyproject.toml
+	@mkdir -p $(STAMPS)
+	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip >/dev/null
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+venv: host $(STAMPS)/venv
+
+base-image: host venv
+	$(VENV)/bin/rollbox image build-base
+
+demo: setup
+	$(VENV)/bin/rollbox demo humaneval
+
+doctor: venv
+	$(VENV)/bin/rollbox doctor
+
+test: setup
+	$(VENV)/bin/python -m pytest tests -q
+
+test-unit: venv
+	$(VENV)/bin/python -m pytest tests/unit -q
+
+test-system: setup
+	$(VENV)/bin/python -m pytest tests/system -q
+
+bench: setup
+	$(VENV)/bin/python -m bench.bench
