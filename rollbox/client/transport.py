@@ -79,19 +79,38 @@ class Client:
                 self._spawn_daemon()
         self._checked = True
 
+    def _lock_held(self) -> bool:
+        """True while some daemon process holds this state directory's lock."""
+        try:
+            with open(self.paths.daemon_lock, "a") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return True
+                fcntl.flock(f, fcntl.LOCK_UN)
+                return False
+        except OSError:
+            return False
+
     def _spawn_daemon(self) -> None:
         env = dict(os.environ, ROLLBOX_HOME=str(self.paths.home))
-        with open(self.paths.daemon_log, "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "rollbox", "serve"], stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=log, env=env, start_new_session=True, close_fds=True)
         deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
+        proc: subprocess.Popen[bytes] | None = None
         while time.monotonic() < deadline:
             if self._ping():
                 return
-            if proc.poll() is not None and not self._ping():
-                tail = self.paths.daemon_log.read_text(errors="replace")[-1500:]
-                raise errors.DaemonUnavailable(f"the rollbox daemon exited at start (code {proc.returncode}); "
-                                               f"{self.paths.daemon_log}:\n{tail}")
+            if proc is None or (proc.poll() is not None and not self._lock_held()):
+                if proc is not None and proc.returncode not in (0, None) and not self._lock_held() and \
+                        "already serves" not in self.paths.daemon_log.read_text(errors="replace")[-300:]:
+                    tail = self.paths.daemon_log.read_text(errors="replace")[-1500:]
+                    raise errors.DaemonUnavailable(f"the rollbox daemon exited at start (code {proc.returncode}); "
+                                                   f"{self.paths.daemon_log}:\n{tail}")
+                # (Re)start unless a daemon (perhaps one shutting down) still holds the lock.
+                if not self._lock_held():
+                    with open(self.paths.daemon_log, "ab") as log:
+                        proc = subprocess.Popen([sys.executable, "-m", "rollbox", "serve"], stdin=subprocess.DEVNULL,
+                                                stdout=log, stderr=log, env=env, start_new_session=True,
+                                                close_fds=True)
             time.sleep(0.05)
         raise errors.DaemonUnavailable(f"the rollbox daemon did not answer within {DAEMON_START_TIMEOUT_S:.0f} s; "
                                        f"see {self.paths.daemon_log}")

@@ -136,7 +136,7 @@ class AgentChannel:
         self._wbuf += _HDR.pack(len(data)) + data
         if was_empty:
             self._on_writable()
-            if self._wbuf:
+            if self._wbuf and self._in_fd >= 0:
                 self._loop.add_writer(self._in_fd, self._on_writable)
 
     async def request(self, op: str, wait_s: float | None = 30.0, **fields: Any) -> dict[str, Any]:

@@ -65,7 +65,7 @@ async def serve_async(paths: Paths) -> None:
     if paths.socket.exists():
         paths.socket.unlink()
     config = uvicorn.Config(app, uds=str(paths.socket), log_level="warning", access_log=False,
-                            timeout_keep_alive=300)
+                            timeout_keep_alive=300, timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     watchdog = asyncio.create_task(_watchdog(service))
     try:

@@ -101,6 +101,10 @@ class SandboxService:
             raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found: list sandboxes with `rollbox ps`",
                                          sandbox_id=sandbox_id)
         reason = (lv.exit_reason if lv else None) or (row["exit_reason"] if row else None) or "terminated"
+        if reason in ("exited", "lost"):
+            # It died without being asked to: an infrastructure fault, retryable elsewhere.
+            raise errors.SandboxLost(f"sandbox {sandbox_id} died unexpectedly ({reason}); retry on a new sandbox",
+                                     sandbox_id=sandbox_id)
         raise errors.SandboxTerminated(
             f"sandbox {sandbox_id} is no longer running ({reason}); create a new one",
             sandbox_id=sandbox_id)
@@ -253,17 +257,26 @@ class SandboxService:
         row = self.store.get_row(sandbox_id)
         if lv is not None:
             reason = lv.exit_reason or reason
-            if lv.pid is not None:
-                self.reaper.unwatch(lv.pid)
             lv.channel.close(f"the sandbox was terminated ({reason})")
-        if row is not None and row["state"] in LIVE_STATES:
-            self.store.update_sandbox(sandbox_id, state="terminated", ended_at=time.time(), exit_reason=reason)
-        await self._teardown_host(sandbox_id)
+        ending = row is not None and row["state"] in LIVE_STATES
+        if ending:
+            self.store.update_sandbox(sandbox_id, state="terminating", ended_at=time.time(), exit_reason=reason)
+        try:
+            await self._teardown_host(sandbox_id)
+        finally:
+            if ending:
+                self.store.update_sandbox(sandbox_id, state="terminated")
 
     async def _teardown_host(self, sandbox_id: str) -> None:
         cid = container_id(sandbox_id)
         d = self._dir(sandbox_id)
-        res = await self.runsc.delete(cid)
+        # `runsc delete` waits for the sandbox process to be reaped, and we are its reaper:
+        # keep reaping while it runs (the pidfd watch reaps the sandbox process itself).
+        delete = asyncio.ensure_future(self.runsc.delete(cid))
+        while not delete.done():
+            self.reaper.sweep()
+            await asyncio.wait({delete}, timeout=0.05)
+        res = delete.result()
         if res.returncode != 0 and b"does not exist" not in res.stderr and b"not found" not in res.stderr:
             log.warning("runsc delete %s: %s", cid, res.stderr.decode(errors="replace").strip())
         self.reaper.sweep()
@@ -389,7 +402,10 @@ class SandboxService:
                    and now - lv.last_active > lv.keep_warm_seconds]
         for sid in expired:
             log.info("sandbox %s idle past keep_warm_seconds; terminating", sid)
-            await self.terminate(sid, reason="keep_warm_expired")
+            lv = self.live.get(sid)
+            if lv is not None:
+                lv.keep_warm_seconds = None  # expire once
+            self._spawn(self.terminate(sid, reason="keep_warm_expired"))
         return expired
 
     async def recover(self) -> dict[str, int]:

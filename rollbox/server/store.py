@@ -13,7 +13,7 @@ from ..types import SandboxInfo
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
     sandbox_id TEXT PRIMARY KEY,
-    state TEXT NOT NULL,             -- starting | running | terminated | failed
+    state TEXT NOT NULL,             -- running | terminating | terminated
     image_id TEXT NOT NULL,
     created_at REAL NOT NULL,
     cpu REAL NOT NULL,
@@ -43,7 +43,7 @@ CREATE TABLE IF NOT EXISTS usage (
 );
 """
 
-LIVE_STATES = ("starting", "running")
+LIVE_STATES = ("starting", "running", "terminating")
 
 
 class Store:

@@ -146,6 +146,9 @@ class AgentProcess:
 
     # ---- helpers -----------------------------------------------------------------------
 
+    pids_with_env_prefix = staticmethod(pids_with_env_prefix)
+    pids_with_cmdline = staticmethod(pids_with_cmdline)
+
     def send_exec(self, argv: list[str], *, timeout: float | None = None, max_output: int | None = None,
                   stdin: bytes | None = None, env: dict[str, str] | None = None, cwd: str | None = None) -> int:
         return self.send("exec", argv=argv, timeout=timeout, max_output=max_output,

@@ -36,7 +36,6 @@ _out_lock = threading.Lock()
 _children_lock = threading.Lock()
 # pid -> [event, status]; the reaper fills status for the pids execs wait on.
 _waiters = {}
-_early_exits = {}
 _have_children = threading.Event()
 _identity = {"env": {}}
 
@@ -79,10 +78,10 @@ def reaper():
             continue
         except InterruptedError:
             continue
+        # exec registers its pid under this lock right after spawning, so a pid reaped
+        # before registration is found here; any other pid is an orphan (we are PID 1).
         with _children_lock:
             w = _waiters.pop(pid, None)
-            if w is None:
-                _early_exits[pid] = status
         if w is not None:
             w[1] = status
             w[0].set()
@@ -153,13 +152,11 @@ def op_exec(req):
             )
             pid = proc.pid
             waiter = [threading.Event(), None]
-            if pid in _early_exits:
-                waiter[1] = _early_exits.pop(pid)
-                waiter[0].set()
-            else:
-                _waiters[pid] = waiter
+            _waiters[pid] = waiter
             _have_children.set()
-    except FileNotFoundError:
+    except FileNotFoundError as e:
+        if cwd is not None and e.filename == cwd:
+            return _spawn_failure(126, "rollbox: no such working directory: %s\n" % cwd, start)
         return _spawn_failure(127, "rollbox: command not found: %s\n" % argv[0], start)
     except OSError as e:
         return _spawn_failure(126, "rollbox: cannot run %r: %s\n" % (argv[0], e), start)

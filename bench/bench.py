@@ -1,0 +1,691 @@
+"""rollbox benchmark: rollbox against raw gVisor `runsc`, both measured in the same run.
+
+Run from the repository root as root: `.venv/bin/python -m bench.bench` (~2-4 min on 2 cores).
+It prints a side-by-side table, then, as its last line, one JSON object.
+
+What is measured and how (all wall-clock, `time.perf_counter`, one warm-up run discarded):
+
+1. Cold time-to-first-command (TTFC): `Sandbox(image=Image.debian()).create()` followed by the
+   first `exec("true")`, as seen by the SDK. Baseline: `runsc run -detach` of a prepared bundle
+   followed by `runsc exec ID true`. The raw bundle is what rollbox builds (an overlayfs of the
+   image rootfs with a fresh upper, `config.json` from `rollbox.runtime.bundle.oci_spec`, the same
+   cpu/memory limits and runsc flags) but its process is an idle `python3` instead of the agent;
+   mounting the overlay is done before the clock starts.
+2. Restore TTFC: `Sandbox().create_from_memory_snapshot(snap)` + first `exec("true")`.
+   Baseline: `runsc restore -detach --image-path IMG` (an uncompressed checkpoint of the raw
+   idle-python container, like rollbox's) + `runsc exec ID true`; the fresh overlay mount is
+   again prepared before the clock starts, rollbox's own upper copy and mount are inside it.
+3. Exec round trip of `true` in a warm sandbox (rollbox: agent over FIFOs; raw: `runsc exec`).
+4. `sb.fork(8)` wall time.
+5. Episodes/s of a trivial episode (`sb.exec("true")`) through `SandboxPool.map` at
+   concurrency 1, 4 and 16, pool teardown included. Baseline: one raw runsc
+   restore + exec + delete (+ overlay mount/unmount) per episode, at concurrency 1 and 4.
+6. Idle memory per sandbox: 8 sandboxes restored from the snapshot, 2 s idle, then the sum of
+   PSS (`/proc/PID/smaps_rollup`) of their runsc-sandbox and runsc-gofer processes (cmdline
+   holds the container id) and every descendant of the sandbox process (systrap stubs), / 8.
+   Also the memory cgroup's `memory.usage_in_bytes` (page cache included), / 8.
+
+The bench process becomes a child subreaper and reaps the raw sandboxes it orphans (as the
+daemon does), so that `runsc delete` of a raw container is not slowed by PID 1.
+Everything it makes is removed in `finally` blocks: sandboxes, snapshots, raw containers,
+overlay mounts, directories under /tmp/rollbox-bench and cgroups under */rollbox-bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import ctypes
+import json
+import os
+import secrets
+import signal
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollbox import Image, Sandbox, SandboxInstance, SandboxPool
+from rollbox.errors import RollboxError
+from rollbox.runtime.bundle import BundleSpec, oci_spec
+from rollbox.sdk.sandbox import default_client
+
+SHARED_HOME = Path("/var/lib/rollbox")
+IMAGE_ID = "im-debian-bookworm"
+IMAGE_ROOTFS = SHARED_HOME / "images" / IMAGE_ID / "rootfs"
+WORK = Path("/tmp/rollbox-bench")
+PRIVATE_HOME = WORK / "home"
+RAW_ROOT = WORK / "runsc"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_PARENT = "rollbox-bench"
+RAW_ARGS = ["/usr/bin/python3", "-S", "-c", "import time\nwhile True: time.sleep(3600)"]
+RUNSC_FLAGS = ["--platform=systrap", "--network=none", "--overlay2=none"]
+
+N_COLD, N_RESTORE, N_EXEC, N_RAW_EXEC, N_RAW_RESTORE, N_RAW_COLD = 10, 20, 100, 20, 20, 10
+FORK_N, IDLE_N, IDLE_WAIT_S = 8, 8, 2.0
+POOL_RUNS = ((1, 16), (4, 32), (16, 48))  # (concurrency, episodes)
+RAW_EPISODE_RUNS = ((1, 12), (4, 16))
+TARGETS = {"restore_ttfc_p50_ms": ("<=", 150.0), "restore_overhead_ratio": ("<=", 1.2),
+           "exec_p50_ms": ("<=", 10.0), "idle_mib": ("<=", 30.0)}
+
+
+# ---- statistics --------------------------------------------------------------------------
+
+def pct(values: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) with linear interpolation between closest ranks."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def timed_ms(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn()
+    return (time.perf_counter() - t0) * 1000, out
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- reaping orphaned raw sandboxes --------------------------------------------------------
+
+def become_subreaper() -> bool:
+    libc = ctypes.CDLL(None, use_errno=True)
+    return bool(libc.prctl(36, 1, 0, 0, 0) == 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def _children() -> set[int]:
+    pids: set[int] = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+        except OSError:
+            continue
+    return pids
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return ""
+    return stat[stat.find("(") + 1:stat.rfind(")")]
+
+
+class OrphanReaper:
+    """Reaps adopted runsc sandbox/gofer processes (comm `exe`), never our own subprocesses."""
+
+    def __init__(self, interval_s: float = 0.02) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(interval_s,), daemon=True, name="bench-reaper")
+
+    def start(self) -> "OrphanReaper":
+        if become_subreaper():
+            self._thread.start()
+        return self
+
+    def _loop(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            for pid in _children():
+                if _comm(pid) == "exe":
+                    try:
+                        os.waitpid(pid, os.WNOHANG)
+                    except ChildProcessError:
+                        pass
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+# ---- raw runsc baseline --------------------------------------------------------------------
+
+@dataclass
+class RawRunsc:
+    """Raw runsc containers under their own --root, each on its own overlay over the image."""
+
+    binary: str = field(default_factory=lambda: shutil.which("runsc") or "runsc")
+    live: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def argv(self, *verb: str) -> list[str]:
+        return [self.binary, "--root", str(RAW_ROOT), *RUNSC_FLAGS, *verb]
+
+    def run(self, *verb: str, timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+        res = subprocess.run(self.argv(*verb), stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+        if check and res.returncode != 0:
+            raise RuntimeError(f"runsc {' '.join(verb)}: exit {res.returncode}: {res.stderr.decode()[-500:]}")
+        return res
+
+    @staticmethod
+    def new_id() -> str:
+        return "rb" + secrets.token_hex(11)  # 24 chars, fixed length: no id prefixes another
+
+    def prepare(self, cid: str) -> Path:
+        """Bundle dir with a fresh overlay rootfs and config.json; returns the bundle path."""
+        with self.lock:
+            self.live.add(cid)
+        d = WORK / "bundles" / cid
+        for sub in ("upper", "work", "rootfs"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        opts = f"lowerdir={IMAGE_ROOTFS},upperdir={d / 'upper'},workdir={d / 'work'}"
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(d / "rootfs")], check=True)
+        spec = oci_spec(BundleSpec(rootfs=d / "rootfs", cgroup_path=f"/{CGROUP_PARENT}/{cid}", cpu=1.0,
+                                   memory_mib=1024))
+        spec["process"]["args"] = RAW_ARGS  # type: ignore[index]
+        (d / "config.json").write_text(json.dumps(spec))
+        return d
+
+    def start_detached(self, verb: str, cid: str, bundle: Path, *extra: str) -> None:
+        """`runsc run|restore -detach`: stdin /dev/null, output to a file, own session."""
+        with open(bundle / "runsc.log", "ab") as logf:
+            rc = subprocess.run(self.argv(verb, "-detach", *extra, "--bundle", str(bundle), cid),
+                                stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
+                                timeout=60).returncode
+        if rc != 0:
+            tail = (bundle / "runsc.log").read_bytes()[-500:].decode(errors="replace")
+            raise RuntimeError(f"runsc {verb} {cid}: exit {rc}: {tail}")
+
+    def exec_true(self, cid: str) -> None:
+        self.run("exec", cid, "true")
+
+    def checkpoint(self, cid: str, image_dir: Path) -> None:
+        image_dir.mkdir(parents=True, exist_ok=True)
+        self.run("checkpoint", "--image-path", str(image_dir), "--compression=none", cid, timeout=120)
+
+    def destroy(self, cid: str) -> None:
+        """delete -force, unmount, remove the bundle dir and the container's cgroups."""
+        self.run("delete", "-force", cid, check=False)
+        d = WORK / "bundles" / cid
+        if (d / "rootfs").is_dir():
+            if subprocess.run(["umount", str(d / "rootfs")], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", str(d / "rootfs")], capture_output=True)
+        shutil.rmtree(d, ignore_errors=True)
+        remove_cgroups(cid)
+        with self.lock:
+            self.live.discard(cid)
+
+    def destroy_all(self) -> None:
+        for cid in list(self.live):
+            try:
+                self.destroy(cid)
+            except Exception as e:  # noqa: BLE001 - best-effort cleanup
+                log(f"cleanup of raw {cid} failed: {e}")
+
+
+def unmount_under(root: Path) -> None:
+    """Lazily unmounts anything still mounted below `root` (deepest first)."""
+    with open("/proc/self/mounts") as f:
+        targets = [line.split()[1] for line in f]
+    for t in sorted((t for t in targets if t.startswith(f"{root}/")), key=len, reverse=True):
+        subprocess.run(["umount", "-l", t], capture_output=True)
+
+
+def remove_cgroups(cid: str | None = None) -> None:
+    """Removes */rollbox-bench/<cid> (or the whole */rollbox-bench tree when cid is None)."""
+    for ctl in CGROUP_ROOT.iterdir():
+        base = ctl / CGROUP_PARENT
+        top = base / cid if cid else base
+        if not top.is_dir():
+            continue
+        dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]
+        for d in dirs:
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+
+def raw_cold(raw: RawRunsc) -> float:
+    cid = raw.new_id()
+    bundle = raw.prepare(cid)
+    try:
+        ms, _ = timed_ms(lambda: (raw.start_detached("run", cid, bundle), raw.exec_true(cid)))
+        return ms
+    finally:
+        raw.destroy(cid)
+
+
+def raw_make_checkpoint(raw: RawRunsc) -> Path:
+    """Checkpoint of an idle python3 container (uncompressed, as rollbox does)."""
+    cid = raw.new_id()
+    bundle = raw.prepare(cid)
+    image = WORK / "checkpoint"
+    try:
+        raw.start_detached("run", cid, bundle)
+        raw.exec_true(cid)
+        time.sleep(1.0)  # let python3 reach its sleep
+        raw.checkpoint(cid, image)
+    finally:
+        raw.destroy(cid)
+    return image
+
+
+def raw_restore(raw: RawRunsc, image: Path, keep: bool = False) -> tuple[float, str]:
+    """(ms of restore -detach + exec true, cid); destroys the container unless keep."""
+    cid = raw.new_id()
+    bundle = raw.prepare(cid)
+    try:
+        ms, _ = timed_ms(lambda: (raw.start_detached("restore", cid, bundle, "--image-path", str(image)),
+                                  raw.exec_true(cid)))
+    except BaseException:
+        raw.destroy(cid)
+        raise
+    if not keep:
+        raw.destroy(cid)
+    return ms, cid
+
+
+def raw_episode(raw: RawRunsc, image: Path) -> bool:
+    """One raw episode: prepare, restore, exec, delete (all inside the caller's clock)."""
+    _, cid = raw_restore(raw, image, keep=True)
+    raw.destroy(cid)
+    return True
+
+
+def raw_episodes_per_s(raw: RawRunsc, image: Path, concurrency: int, n: int) -> float:
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(concurrency) as ex:
+        ok = sum(ex.map(lambda _i: raw_episode(raw, image), range(n)))
+    return ok / (time.perf_counter() - t0)
+
+
+def raw_exec_ms(raw: RawRunsc, image: Path, n: int) -> list[float]:
+    _, cid = raw_restore(raw, image, keep=True)
+    try:
+        raw.exec_true(cid)
+        return [timed_ms(lambda: raw.exec_true(cid))[0] for _ in range(n)]
+    finally:
+        raw.destroy(cid)
+
+
+# ---- rollbox ---------------------------------------------------------------------------------
+
+@dataclass
+class Tracker:
+    """Everything rollbox-side this run made, for cleanup in `finally`."""
+
+    sandboxes: list[SandboxInstance] = field(default_factory=list)
+    snapshots: list[str] = field(default_factory=list)
+
+    def add(self, sb: SandboxInstance) -> SandboxInstance:
+        self.sandboxes.append(sb)
+        return sb
+
+    def terminate(self, sbs: Iterable[SandboxInstance]) -> None:
+        todo = [s for s in sbs if not s.terminated]
+        if not todo:
+            return
+        with cf.ThreadPoolExecutor(4) as ex:
+            for fut in [ex.submit(s.terminate) for s in todo]:
+                try:
+                    fut.result()
+                except RollboxError as e:
+                    log(f"terminate failed: {e}")
+
+    def cleanup(self) -> None:
+        self.terminate(self.sandboxes)
+        for sid in self.snapshots:
+            try:
+                default_client().request("DELETE", f"/snapshots/{sid}")
+            except RollboxError as e:
+                log(f"deleting snapshot {sid} failed: {e}")
+
+
+def first_exec_ok(sb: SandboxInstance) -> None:
+    r = sb.exec("true")
+    if r.exit_code != 0:
+        raise RuntimeError(f"`true` in {sb.sandbox_id} exited {r.exit_code}")
+
+
+def rollbox_cold(tr: Tracker) -> float:
+    def go() -> SandboxInstance:
+        sb = tr.add(Sandbox(image=Image.debian()).create())
+        first_exec_ok(sb)
+        return sb
+    ms, sb = timed_ms(go)
+    tr.terminate([sb])
+    return ms
+
+
+def rollbox_restore(tr: Tracker, snap: str) -> float:
+    def go() -> SandboxInstance:
+        sb = tr.add(Sandbox().create_from_memory_snapshot(snap))
+        first_exec_ok(sb)
+        return sb
+    ms, sb = timed_ms(go)
+    tr.terminate([sb])
+    return ms
+
+
+def rollbox_fork(tr: Tracker, sb: SandboxInstance, n: int) -> float:
+    ms, kids = timed_ms(lambda: sb.fork(n))
+    for k in kids:
+        tr.add(k)
+    tr.terminate(kids)
+    return ms / 1000
+
+
+def trivial_episode(sb: SandboxInstance, _task: Any) -> bool:
+    return sb.exec("true").exit_code == 0
+
+
+def pool_episodes_per_s(snap: str, concurrency: int, n: int) -> tuple[float, int]:
+    """(episodes/s with teardown included, episodes not `ok`)."""
+    t0 = time.perf_counter()
+    with SandboxPool(snap, max_concurrency=concurrency) as pool:
+        results = list(pool.map(trivial_episode, range(n), progress=False))
+    dt = time.perf_counter() - t0
+    bad = sum(1 for r in results if r.status != "ok" or r.reward != 1.0)
+    return n / dt, bad
+
+
+# ---- memory ------------------------------------------------------------------------------------
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _ppid(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return ""
+
+
+def _pss_kib(pid: str) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def sandbox_pids(cids: Iterable[str]) -> set[str]:
+    """runsc-sandbox/-gofer pids whose cmdline names a cid, plus all sandbox descendants."""
+    want = [c.encode() for c in cids]
+    procs = [p for p in os.listdir("/proc") if p.isdigit()]
+    parent = {p: _ppid(p) for p in procs}
+    found = set()
+    for p in procs:
+        cmd = _cmdline(p)
+        if cmd.startswith((b"runsc-sandbox", b"runsc-gofer")) and any(c in cmd for c in want):
+            found.add(p)
+    grew = True
+    while grew:
+        kids = {p for p, pp in parent.items() if pp in found and p not in found}
+        found |= kids
+        grew = bool(kids)
+    return found
+
+
+def host_sandbox_count() -> int:
+    """runsc sandboxes running on this host (anyone's): a hint of competing load."""
+    return sum(1 for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).startswith(b"runsc-sandbox"))
+
+
+def cgroup_usage_bytes(parent: str, cid: str) -> int:
+    try:
+        return int((CGROUP_ROOT / "memory" / parent / cid / "memory.usage_in_bytes").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+@dataclass(frozen=True)
+class Memory:
+    pss_mib: float
+    cgroup_mib: float
+    procs: int
+
+
+def idle_memory(cids: list[str], cgroup_parent: str) -> Memory:
+    pids = sandbox_pids(cids)
+    pss = sum(_pss_kib(p) for p in pids) / 1024 / len(cids)
+    cg = sum(cgroup_usage_bytes(cgroup_parent, c) for c in cids) / 2**20 / len(cids)
+    return Memory(pss, cg, len(pids))
+
+
+def rollbox_idle(tr: Tracker, snap: str, n: int) -> Memory:
+    sbs = [tr.add(Sandbox().create_from_memory_snapshot(snap)) for _ in range(n)]
+    try:
+        for sb in sbs:
+            first_exec_ok(sb)
+        time.sleep(IDLE_WAIT_S)
+        return idle_memory([s.sandbox_id.removeprefix("sb-") for s in sbs], "rollbox")
+    finally:
+        tr.terminate(sbs)
+
+
+def raw_idle(raw: RawRunsc, image: Path, n: int) -> Memory:
+    cids: list[str] = []
+    try:
+        for _ in range(n):
+            cids.append(raw_restore(raw, image, keep=True)[1])
+        time.sleep(IDLE_WAIT_S)
+        return idle_memory(cids, CGROUP_PARENT)
+    finally:
+        for c in cids:
+            raw.destroy(c)
+
+
+# ---- report ------------------------------------------------------------------------------------
+
+def r(x: float, nd: int = 1) -> float:
+    return round(x, nd)
+
+
+def build_results(m: dict[str, Any]) -> dict[str, Any]:
+    res: dict[str, Any] = {
+        "cold_ttfc_p50_ms": r(pct(m["cold"], .5)), "cold_ttfc_p99_ms": r(pct(m["cold"], .99)),
+        "raw_runsc_cold_p50_ms": r(pct(m["raw_cold"], .5)),
+        "restore_ttfc_p50_ms": r(pct(m["restore"], .5)), "restore_ttfc_p99_ms": r(pct(m["restore"], .99)),
+        "raw_runsc_restore_p50_ms": r(pct(m["raw_restore"], .5)),
+        "restore_overhead_ratio": r(pct(m["restore"], .5) / pct(m["raw_restore"], .5), 2),
+        "exec_p50_ms": r(pct(m["exec"], .5), 2), "exec_p99_ms": r(pct(m["exec"], .99), 2),
+        "raw_runsc_exec_p50_ms": r(pct(m["raw_exec"], .5), 1),
+        "http_rtt_p50_ms": r(pct(m["http_rtt"], .5), 2), "agent_rtt_p50_ms": r(pct(m["agent_rtt"], .5), 2),
+        "fork8_s": r(m["fork8_s"], 2),
+    }
+    for c, (eps, _bad) in m["pool"].items():
+        res[f"episodes_per_s_c{c}"] = r(eps, 2)
+    res["episodes_per_s"] = max(res[f"episodes_per_s_c{c}"] for c in m["pool"])
+    res["episode_failures"] = sum(bad for _eps, bad in m["pool"].values())
+    for c, eps in m["raw_eps"].items():
+        res[f"raw_runsc_episodes_per_s_c{c}"] = r(eps, 2)
+    res["idle_mib"] = r(m["idle"].pss_mib)
+    res["idle_cgroup_mib"] = r(m["idle"].cgroup_mib)
+    res["raw_runsc_idle_mib"] = r(m["raw_idle"].pss_mib)
+    res["raw_runsc_idle_cgroup_mib"] = r(m["raw_idle"].cgroup_mib)
+    res["targets"] = {k: {"target": f"{op} {v:g}", "value": res[k], "met": bool(res[k] <= v)}
+                      for k, (op, v) in TARGETS.items()}
+    res["all_targets_met"] = all(t["met"] for t in res["targets"].values())
+    res["host"] = {"cores": os.cpu_count(), "loadavg_start": m["load0"], "loadavg_end": list(os.getloadavg()),
+                   "other_runsc_sandboxes_at_start": m["others"]}
+    return res
+
+
+def print_table(res: dict[str, Any], m: dict[str, Any]) -> None:
+    rows: list[tuple[str, str, str, str]] = [
+        ("cold TTFC p50 / p99 (ms)", f"{res['cold_ttfc_p50_ms']} / {res['cold_ttfc_p99_ms']}",
+         f"{res['raw_runsc_cold_p50_ms']}", "raw: run -detach + exec true"),
+        ("restore TTFC p50 / p99 (ms)", f"{res['restore_ttfc_p50_ms']} / {res['restore_ttfc_p99_ms']}",
+         f"{res['raw_runsc_restore_p50_ms']}", "raw: restore -detach + exec true (mount excluded)"),
+        ("restore overhead ratio", f"{res['restore_overhead_ratio']}", "1.0", "rollbox p50 / raw p50"),
+        ("exec `true` p50 / p99 (ms)", f"{res['exec_p50_ms']} / {res['exec_p99_ms']}",
+         f"{res['raw_runsc_exec_p50_ms']}", "rollbox: agent FIFO; raw: runsc exec"),
+        ("  of which HTTP / agent RTT (ms)", f"{res['http_rtt_p50_ms']} / {res['agent_rtt_p50_ms']}", "-",
+         "GET /sandboxes/ID; fs.read_file (no spawn)"),
+        (f"fork({FORK_N}) wall (s)", f"{res['fork8_s']}", "-", ""),
+    ]
+    for c, n in POOL_RUNS:
+        raw = res.get(f"raw_runsc_episodes_per_s_c{c}")
+        rows.append((f"episodes/s c={c} ({n} eps)", f"{res[f'episodes_per_s_c{c}']}",
+                     "-" if raw is None else f"{raw}", "raw: mount+restore+exec+delete"))
+    rows += [
+        (f"idle MiB/sandbox PSS ({IDLE_N})", f"{res['idle_mib']}", f"{res['raw_runsc_idle_mib']}",
+         f"procs: {m['idle'].procs} vs {m['raw_idle'].procs}"),
+        ("idle MiB/sandbox memcg", f"{res['idle_cgroup_mib']}", f"{res['raw_runsc_idle_cgroup_mib']}",
+         "usage_in_bytes, page cache incl."),
+    ]
+    head = ("metric", "rollbox", "raw runsc", "note")
+    w = [max(len(x[i]) for x in [head, *rows]) for i in range(4)]
+    line = "  ".join("{:<%d}" % n for n in w)
+    print(line.format(*head))
+    print(line.format(*("-" * n for n in w)))
+    for row in rows:
+        print(line.format(*row))
+    print()
+    for k, t in res["targets"].items():
+        print(f"target {k} {t['target']}: {t['value']} -> {'MET' if t['met'] else 'MISSED'}")
+    print(f"host: {res['host']}")
+    if res["episode_failures"]:
+        print(f"WARNING: {res['episode_failures']} pool episodes did not finish ok")
+
+
+# ---- a private daemon ------------------------------------------------------------------------
+
+def use_private_home() -> Path:
+    """Points the SDK at a fresh ROLLBOX_HOME whose base image links to the shared one.
+
+    The SDK then autostarts a daemon of its own there, so other users of /var/lib/rollbox
+    (test suites that kill and restart their daemon) neither disturb nor load this run.
+    """
+    (PRIVATE_HOME / "images").mkdir(parents=True, exist_ok=True)
+    os.symlink(SHARED_HOME / "images" / IMAGE_ID, PRIVATE_HOME / "images" / IMAGE_ID)
+    os.environ["ROLLBOX_HOME"] = str(PRIVATE_HOME)
+    return PRIVATE_HOME
+
+
+def stop_daemon(home: Path, timeout_s: float = 15.0) -> None:
+    """SIGTERMs the daemon that this run started in `home` (its pid is in daemon.lock)."""
+    try:
+        pid = int((home / "daemon.lock").read_text().strip())
+    except (OSError, ValueError):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:  # not our child: wait for it to vanish
+            if not Path(f"/proc/{pid}").exists():
+                return
+        time.sleep(0.05)
+    log(f"daemon {pid} did not stop in {timeout_s:.0f} s; killing it")
+    os.kill(pid, signal.SIGKILL)
+
+
+# ---- main ----------------------------------------------------------------------------------------
+
+def series(name: str, n: int, fn: Callable[[], float]) -> list[float]:
+    fn()  # warm-up, discarded
+    out = [fn() for _ in range(n)]
+    log(f"{name}: p50 {pct(out, .5):.1f} ms (n={n})")
+    return out
+
+
+def measure(tr: Tracker, raw: RawRunsc) -> dict[str, Any]:
+    m: dict[str, Any] = {"load0": list(os.getloadavg())}
+    m["others"] = host_sandbox_count()
+    m["cold"] = series("rollbox cold", N_COLD, lambda: rollbox_cold(tr))
+    m["raw_cold"] = series("raw cold", N_RAW_COLD, lambda: raw_cold(raw))
+
+    base = tr.add(Sandbox(image=Image.debian()).create())
+    first_exec_ok(base)
+    snap = base.snapshot_memory()
+    tr.snapshots.append(snap)
+    image = raw_make_checkpoint(raw)
+
+    m["restore"] = series("rollbox restore", N_RESTORE, lambda: rollbox_restore(tr, snap))
+    m["raw_restore"] = series("raw restore", N_RAW_RESTORE, lambda: raw_restore(raw, image)[0])
+
+    m["exec"] = series("rollbox exec", N_EXEC, lambda: timed_ms(lambda: first_exec_ok(base))[0])
+    m["http_rtt"] = series("rollbox GET sandbox (HTTP only)", N_EXEC // 2, lambda: timed_ms(base.info)[0])
+    m["agent_rtt"] = series("rollbox read_file (agent, no spawn)", N_EXEC // 2,
+                            lambda: timed_ms(lambda: base.fs.read_file("/etc/hostname"))[0])
+    m["raw_exec"] = raw_exec_ms(raw, image, N_RAW_EXEC)
+    log(f"raw exec: p50 {pct(m['raw_exec'], .5):.1f} ms")
+
+    m["fork8_s"] = rollbox_fork(tr, base, FORK_N)
+    log(f"fork({FORK_N}): {m['fork8_s']:.2f} s")
+    tr.terminate([base])
+
+    m["pool"] = {}
+    for c, n in POOL_RUNS:
+        m["pool"][c] = pool_episodes_per_s(snap, c, n)
+        log(f"pool c={c}: {m['pool'][c][0]:.2f} eps/s ({m['pool'][c][1]} not ok)")
+    m["raw_eps"] = {}
+    for c, n in RAW_EPISODE_RUNS:
+        m["raw_eps"][c] = raw_episodes_per_s(raw, image, c, n)
+        log(f"raw episodes c={c}: {m['raw_eps'][c]:.2f} eps/s")
+
+    m["idle"] = rollbox_idle(tr, snap, IDLE_N)
+    m["raw_idle"] = raw_idle(raw, image, IDLE_N)
+    log(f"idle: rollbox {m['idle']}, raw {m['raw_idle']}")
+    return m
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="bench.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--shared-daemon", action="store_true",
+                    help="use the daemon of ROLLBOX_HOME (default /var/lib/rollbox) instead of a private one")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench: run as root (runsc, overlay mounts and cgroups need it)", file=sys.stderr)
+        return 2
+    if WORK.exists():
+        unmount_under(WORK)
+        shutil.rmtree(WORK, ignore_errors=True)
+    RAW_ROOT.mkdir(parents=True, exist_ok=True)
+    home = None if args.shared_daemon else use_private_home()
+    reaper = OrphanReaper().start()
+    tr, raw = Tracker(), RawRunsc()
+    t0 = time.perf_counter()
+    log(f"rollbox daemon home: {os.environ.get('ROLLBOX_HOME', SHARED_HOME)}")
+    try:
+        m = measure(tr, raw)
+    finally:
+        tr.cleanup()
+        raw.destroy_all()
+        remove_cgroups()
+        if home is not None:
+            stop_daemon(home)
+        reaper.stop()
+        unmount_under(WORK)
+        shutil.rmtree(WORK, ignore_errors=True)
+    log(f"done in {time.perf_counter() - t0:.0f} s")
+    res = build_results(m)
+    print_table(res, m)
+    print(json.dumps(res, separators=(",", ":")), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

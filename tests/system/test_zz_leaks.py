@@ -1,0 +1,28 @@
+"""Runs last: nothing a test sandbox made may remain on the host."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from rollbox.runtime import cgroups
+from rollbox.sdk.sandbox import default_client
+
+
+def test_no_leftovers_after_suite(paths) -> None:
+    client = default_client()
+    live = {s["sandbox_id"] for s in client.request("GET", "/sandboxes")}
+    for sid in live:
+        client.request("DELETE", f"/sandboxes/{sid}")
+    out = subprocess.run(["runsc", "--root", str(paths.runsc_root), "list", "-quiet"],
+                         capture_output=True, text=True).stdout.split()
+    assert out == [], f"runsc containers left: {out}"
+    assert os.listdir(paths.sandboxes) == []
+    with open("/proc/self/mounts") as f:
+        assert [line for line in f if str(paths.sandboxes) in line] == []
+    assert cgroups.leftover_ids() == set()
+    procs = subprocess.run(["pgrep", "-f", f"runsc-sandbox --root={paths.runsc_root}"], capture_output=True,
+                           text=True).stdout.split()
+    assert procs == []
+    internal = [s for s in client.request("GET", "/snapshots") if s["internal"]]
+    assert internal == []

@@ -1,0 +1,315 @@
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import rollbox.sdk.pool as pool_mod
+from rollbox import errors
+from rollbox.sdk.pool import SandboxPool, reward_of
+
+
+# ---- reward_of -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value,reward", [
+    (True, 1.0), (False, 0.0), (1, 1.0), (0, 0.0), (0.25, 0.25), (-3, -3.0),
+    ({"reward": 0.5, "extra": 1}, 0.5), ({"reward": True}, 1.0), ({"reward": {"reward": 2}}, 2.0),
+    (None, None), ("1.0", None), ({"score": 1}, None), ([1], None), ({"reward": None}, None),
+])
+def test_reward_of(value, reward):
+    got = reward_of(value)
+    assert got == reward
+    if reward is not None:
+        assert isinstance(got, float)
+
+
+# ---- SandboxPool with a stub Sandbox ---------------------------------------------------
+
+class FakeInstance:
+    def __init__(self, sandbox_id: str) -> None:
+        self.sandbox_id = sandbox_id
+        self.saw_timeout = False
+        self.saw_oom = False
+        self.terminated = threading.Event()
+
+    def terminate(self) -> None:
+        self.terminated.set()
+
+
+class FakeBackend:
+    """What the fake Sandbox class does on create_from_memory_snapshot."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.created: list[FakeInstance] = []
+        self.calls = 0
+        self.fail_first = 0          # raise SandboxLost for the first N creates
+        self.fail_always = False
+        self.raise_exc: BaseException | None = None
+        self.kwargs: list[dict[str, Any]] = []
+        self.snapshot_ids: list[str] = []
+
+    def create(self, snapshot_id: str, kwargs: dict[str, Any]) -> FakeInstance:
+        with self.lock:
+            self.calls += 1
+            n = self.calls
+            self.kwargs.append(kwargs)
+            self.snapshot_ids.append(snapshot_id)
+            if self.raise_exc is not None:
+                raise self.raise_exc
+            if self.fail_always or n <= self.fail_first:
+                raise errors.SandboxLost(f"restore {n} failed")
+            inst = FakeInstance(f"sb-{n}")
+            self.created.append(inst)
+            return inst
+
+
+class DummyClient:
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str]] = []
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        self.requests.append((method, path))
+        return []
+
+
+@pytest.fixture
+def backend(monkeypatch):
+    be = FakeBackend()
+
+    class FakeSandbox:
+        def __init__(self, **kwargs: Any) -> None:
+            self.kwargs = kwargs
+
+        def create_from_memory_snapshot(self, snapshot_id: str) -> FakeInstance:
+            return be.create(snapshot_id, self.kwargs)
+
+    monkeypatch.setattr(pool_mod, "Sandbox", FakeSandbox)
+    return be
+
+
+@pytest.fixture
+def client():
+    return DummyClient()
+
+
+def run(client, fn, tasks, **kw):
+    with SandboxPool("sn-test", max_concurrency=kw.pop("max_concurrency", 4), client=client,
+                     keep_warm_seconds=kw.pop("keep_warm_seconds", 600)) as pool:
+        return list(pool.map(fn, tasks, progress=False, **kw))
+
+
+def test_ok_with_reward(backend, client):
+    res = run(client, lambda sb, t: {"reward": t, "sid": sb.sandbox_id}, [0.5])
+    (r,) = res
+    assert r.status == "ok"
+    assert r.reward == 0.5
+    assert r.value["reward"] == 0.5
+    assert r.attempts == 1
+    assert r.sandbox_id == r.value["sid"]
+    assert r.error is None
+    assert r.ttfc_ms is not None and r.ttfc_ms >= 0
+    assert backend.snapshot_ids == ["sn-test"]
+    assert backend.kwargs[0]["keep_warm_seconds"] == 600
+    assert backend.kwargs[0]["client"] is client
+    assert ("GET", "/snapshots") in client.requests
+    # Every sandbox is terminated after its episode (the pool's close waits for teardown).
+    assert all(i.terminated.is_set() for i in backend.created)
+
+
+def test_ok_with_non_numeric_value_has_reward_none(backend, client):
+    (r,) = run(client, lambda sb, t: "text", [1])
+    assert r.status == "ok"
+    assert r.value == "text"
+    assert r.reward is None
+
+
+def test_function_raising_is_error(backend, client):
+    def fn(sb, t):
+        raise ValueError("bad episode")
+
+    (r,) = run(client, fn, [1])
+    assert r.status == "error"
+    assert r.reward == 0.0
+    assert r.value is None
+    assert r.attempts == 1
+    assert "ValueError" in r.error and "bad episode" in r.error
+    assert backend.created[0].terminated.is_set()
+
+
+def test_episode_timeout(backend, client):
+    def fn(sb, t):
+        # Runs until the pool terminates the sandbox (as a real pending call would fail).
+        sb.terminated.wait(30)
+        return 1.0
+
+    t0 = time.monotonic()
+    (r,) = run(client, fn, [1], timeout=0.3)
+    elapsed = time.monotonic() - t0
+    assert r.status == "timeout"
+    assert r.reward == 0.0
+    assert r.value is None
+    assert r.attempts == 1
+    assert elapsed < 3.0, elapsed
+    assert backend.created[0].terminated.is_set()
+
+
+def test_saw_timeout_is_timeout(backend, client):
+    def fn(sb, t):
+        sb.saw_timeout = True
+        return 1.0
+
+    (r,) = run(client, fn, [1])
+    assert r.status == "timeout"
+    assert r.reward == 0.0
+
+
+def test_saw_timeout_then_raise_is_timeout(backend, client):
+    def fn(sb, t):
+        sb.saw_timeout = True
+        raise RuntimeError("after a timed-out exec")
+
+    (r,) = run(client, fn, [1])
+    assert r.status == "timeout"
+    assert r.reward == 0.0
+
+
+def test_saw_oom(backend, client):
+    def fn(sb, t):
+        sb.saw_oom = True
+        raise errors.SandboxLost("died")  # the oom wins over the lost sandbox
+
+    (r,) = run(client, fn, [1], retries=3)
+    assert r.status == "oom"
+    assert r.reward == 0.0
+    assert r.attempts == 1
+
+
+def test_saw_oom_with_value(backend, client):
+    def fn(sb, t):
+        sb.saw_oom = True
+        return 1.0
+
+    (r,) = run(client, fn, [1])
+    assert r.status == "oom"
+    assert r.reward == 0.0
+    assert r.value is None
+
+
+@pytest.mark.parametrize("retries", [0, 1, 3])
+def test_create_always_lost_is_infra_error(backend, client, retries):
+    backend.fail_always = True
+    called = []
+    (r,) = run(client, lambda sb, t: called.append(t), [1], retries=retries)
+    assert r.status == "infra_error"
+    assert r.reward is None
+    assert r.value is None
+    assert r.attempts == retries + 1
+    assert backend.calls == retries + 1
+    assert r.sandbox_id is None
+    assert "SandboxLost" in r.error
+    assert called == []
+
+
+def test_create_lost_once_then_ok(backend, client):
+    backend.fail_first = 1
+    (r,) = run(client, lambda sb, t: True, [1], retries=1)
+    assert r.status == "ok"
+    assert r.reward == 1.0
+    assert r.attempts == 2
+    assert r.sandbox_id == "sb-2"
+
+
+def test_retryable_error_inside_episode_retries_on_fresh_sandbox(backend, client):
+    seen = []
+
+    def fn(sb, t):
+        seen.append(sb.sandbox_id)
+        if len(seen) == 1:
+            raise errors.SandboxLost("lost mid-episode")
+        return 0.75
+
+    (r,) = run(client, fn, [1], retries=2)
+    assert r.status == "ok"
+    assert r.reward == 0.75
+    assert r.attempts == 2
+    assert seen == ["sb-1", "sb-2"]
+    assert all(i.terminated.is_set() for i in backend.created)
+
+
+def test_non_retryable_rollbox_error_is_error(backend, client):
+    def fn(sb, t):
+        raise errors.InvalidState("nope")
+
+    (r,) = run(client, fn, [1], retries=2)
+    assert r.status == "error"
+    assert r.attempts == 1
+
+
+def test_snapshot_not_found_propagates(backend, client):
+    backend.raise_exc = errors.SnapshotNotFound("no such snapshot")
+    with pytest.raises(errors.SnapshotNotFound):
+        run(client, lambda sb, t: 1, [1, 2])
+
+
+def test_negative_retries_rejected(backend, client):
+    with pytest.raises(errors.InvalidArgument):
+        run(client, lambda sb, t: 1, [1], retries=-1)
+
+
+def test_bad_concurrency_rejected(client):
+    with pytest.raises(errors.InvalidArgument):
+        SandboxPool("sn", max_concurrency=0, client=client)
+
+
+def test_ordered_yields_input_order(backend, client):
+    delays = [0.3, 0.0, 0.2, 0.05, 0.1, 0.0]
+
+    def fn(sb, t):
+        time.sleep(delays[t])
+        return t
+
+    res = run(client, fn, range(len(delays)), ordered=True, max_concurrency=len(delays))
+    assert [r.index for r in res] == list(range(len(delays)))
+    assert [r.value for r in res] == list(range(len(delays)))
+    assert [r.reward for r in res] == [float(i) for i in range(len(delays))]
+
+
+def test_unordered_yields_completion_order(backend, client):
+    delays = [0.4, 0.0, 0.2]
+
+    def fn(sb, t):
+        time.sleep(delays[t])
+        return t
+
+    res = run(client, fn, range(3), ordered=False, max_concurrency=3)
+    assert sorted(r.index for r in res) == [0, 1, 2]
+    assert res[0].index == 1
+    assert res[-1].index == 0
+
+
+def test_concurrency_bound(backend, client):
+    live = [0]
+    peak = [0]
+    lock = threading.Lock()
+
+    def fn(sb, t):
+        with lock:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+        time.sleep(0.05)
+        with lock:
+            live[0] -= 1
+        return 1
+
+    res = run(client, fn, range(12), max_concurrency=3)
+    assert len(res) == 12
+    assert all(r.status == "ok" for r in res)
+    assert peak[0] <= 3
+    assert len({r.sandbox_id for r in res}) == 12  # a sandbox is never reused
+
+
+def test_empty_tasks(backend, client):
+    assert run(client, lambda sb, t: 1, []) == []
