@@ -121,7 +121,14 @@ class Client:
         """Sends one request; returns the decoded JSON body or raises the daemon's typed error."""
         self.ensure_daemon()
         try:
-            resp = self._http.request(method, path, json=json, params=params)
+            try:
+                resp = self._http.request(method, path, json=json, params=params)
+            except httpx.ConnectError:
+                # The request never reached a daemon (it crashed or restarted): start or find
+                # the new one and send it again; nothing was done twice.
+                self._checked = False
+                self.ensure_daemon()
+                resp = self._http.request(method, path, json=json, params=params)
         except httpx.TransportError as e:
             raise errors.DaemonUnavailable(f"lost the rollbox daemon at {self.base_url} during {method} {path}: {e}; "
                                            f"see {self.paths.daemon_log}") from e

@@ -14,6 +14,7 @@ standard library.
 """
 
 import base64
+import concurrent.futures
 import json
 import os
 import select
@@ -38,6 +39,8 @@ _children_lock = threading.Lock()
 _waiters = {}
 _have_children = threading.Event()
 _identity = {"env": {}}
+# Threads are reused: creating one costs a clone through gVisor's kernel on every request.
+_pool = concurrent.futures.ThreadPoolExecutor(max_workers=256)
 
 
 def send(msg):
@@ -147,7 +150,7 @@ def op_exec(req):
         with _children_lock:
             # Popen uses vfork here (no preexec_fn): far cheaper under gVisor than fork().
             proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                argv, stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 cwd=cwd, env=env, start_new_session=True, restore_signals=True,
             )
             pid = proc.pid
@@ -160,21 +163,23 @@ def op_exec(req):
         return _spawn_failure(127, "rollbox: command not found: %s\n" % argv[0], start)
     except OSError as e:
         return _spawn_failure(126, "rollbox: cannot run %r: %s\n" % (argv[0], e), start)
-    in_w = proc.stdin.fileno()
     out_r = proc.stdout.fileno()
     err_r = proc.stderr.fileno()
 
-    # stdin: written by a thread so a child that never reads cannot block us; closed after.
-    def feed():
-        try:
-            if stdin_data:
-                os.write(in_w, stdin_data)
-        except OSError:
-            pass
-        finally:
-            proc.stdin.close()
+    if stdin_data is not None:
+        # Written by a thread so a child that never reads cannot block us; closed after.
+        def feed():
+            try:
+                proc.stdin.write(stdin_data)
+            except OSError:
+                pass
+            finally:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
 
-    threading.Thread(target=feed, daemon=True).start()
+        _pool.submit(feed)
 
     bufs = {out_r: bytearray(), err_r: bytearray()}
     totals = {out_r: 0, err_r: 0}
@@ -378,7 +383,7 @@ def main():
         if body is None:
             continue
         req = json.loads(body)
-        threading.Thread(target=handle, args=(req,), daemon=True).start()
+        _pool.submit(handle, req)
 
 
 if __name__ == "__main__":

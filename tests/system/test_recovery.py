@@ -1,0 +1,56 @@
+"""Daemon crash and restart: running sandboxes are re-attached, dead ones cleaned up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+import rollbox
+from rollbox import Sandbox
+from rollbox.sdk.sandbox import default_client
+
+from .conftest import host_traces
+
+
+def _daemon_pid(paths) -> int:  # type: ignore[no-untyped-def]
+    return int(paths.daemon_lock.read_text().strip())
+
+
+def _kill_daemon(paths) -> None:  # type: ignore[no-untyped-def]
+    pid = _daemon_pid(paths)
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+
+
+def test_daemon_crash_and_restart(paths) -> None:
+    survivor = Sandbox(memory=256).create()
+    victim = Sandbox(memory=256).create()
+    survivor.fs.write_file("/work/note", b"still here")
+    _kill_daemon(paths)
+    # While the daemon is down, one sandbox dies.
+    cid = victim.sandbox_id.removeprefix("sb-")
+    out = subprocess.run(["pgrep", "-f", f"runsc-sandbox .*{cid}"], capture_output=True, text=True).stdout.split()
+    for pid in out:
+        os.kill(int(pid), signal.SIGKILL)
+    # The next call starts a fresh daemon, which re-attaches and cleans up.
+    try:
+        assert survivor.exec("cat", "/work/note").stdout == b"still here"
+        with pytest.raises(rollbox.SandboxLost):
+            victim.exec("true")
+        deadline = time.monotonic() + 30
+        while host_traces(paths, victim.sandbox_id) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert host_traces(paths, victim.sandbox_id) == []
+    finally:
+        survivor.terminate()
+    assert host_traces(paths, survivor.sandbox_id) == []
+    assert default_client().request("GET", "/health")["ok"]
