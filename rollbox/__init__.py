@@ -24,9 +24,26 @@ from .sdk.pool import SandboxPool  # noqa: E402
 from .sdk.sandbox import Sandbox, SandboxInstance  # noqa: E402
 from .types import EpisodeResult, ExecResult, FileEntry, SandboxInfo  # noqa: E402
 
-__all__ = sorted([
-    "DaemonUnavailable", "EpisodeResult", "ExecResult", "FileEntry", "FileNotFoundInSandbox", "Image",
-    "ImageNotFound", "InvalidArgument", "InvalidState", "ResourceExhausted", "RollboxError", "RuntimeMissing",
-    "Sandbox", "SandboxInfo", "SandboxInstance", "SandboxLost", "SandboxNotFound", "SandboxPool",
-    "SandboxTerminated", "SnapshotNotFound", "__version__",
-])
+__all__ = [
+    "DaemonUnavailable",
+    "EpisodeResult",
+    "ExecResult",
+    "FileEntry",
+    "FileNotFoundInSandbox",
+    "Image",
+    "ImageNotFound",
+    "InvalidArgument",
+    "InvalidState",
+    "ResourceExhausted",
+    "RollboxError",
+    "RuntimeMissing",
+    "Sandbox",
+    "SandboxInfo",
+    "SandboxInstance",
+    "SandboxLost",
+    "SandboxNotFound",
+    "SandboxPool",
+    "SandboxTerminated",
+    "SnapshotNotFound",
+    "__version__",
+]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,14 @@ class Paths:
     @classmethod
     def from_env(cls) -> "Paths":
         return cls(Path(os.environ.get("ROLLBOX_HOME", DEFAULT_HOME)))
+
+    @property
+    def cgroup_parent(self) -> str:
+        """This daemon's cgroup parent: one per state directory, so daemons never touch
+        each other's sandboxes' cgroups."""
+        if str(self.home) == DEFAULT_HOME:
+            return "rollbox"
+        return "rollbox-" + hashlib.sha256(str(self.home).encode()).hexdigest()[:10]
 
     @property
     def socket(self) -> Path:

@@ -14,25 +14,25 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 PARENT = "rollbox"
 
 
-def cgroup_path(container_id: str) -> str:
-    return f"/{PARENT}/{container_id}"
+def cgroup_path(container_id: str, parent: str = PARENT) -> str:
+    return f"/{parent}/{container_id}"
 
 
-def controller_dirs(container_id: str) -> list[Path]:
+def controller_dirs(container_id: str, parent: str = PARENT) -> list[Path]:
     """Every existing directory of this sandbox's cgroup, across v1 controllers and v2."""
     out = []
     if not CGROUP_ROOT.exists():
         return out
     for ctl in sorted(os.listdir(CGROUP_ROOT)):
-        d = CGROUP_ROOT / ctl / PARENT / container_id
+        d = CGROUP_ROOT / ctl / parent / container_id
         if d.is_dir():
             out.append(d)
     return out
 
 
-def oom_killed(container_id: str) -> bool:
+def oom_killed(container_id: str, parent: str = PARENT) -> bool:
     """True when the kernel OOM-killed anything in the sandbox's memory cgroup."""
-    f = CGROUP_ROOT / "memory" / PARENT / container_id / "memory.oom_control"
+    f = CGROUP_ROOT / "memory" / parent / container_id / "memory.oom_control"
     try:
         for line in f.read_text().splitlines():
             k, _, v = line.partition(" ")
@@ -40,7 +40,7 @@ def oom_killed(container_id: str) -> bool:
                 return True
     except (OSError, ValueError):
         pass
-    v2 = CGROUP_ROOT / "unified" / PARENT / container_id / "memory.events"
+    v2 = CGROUP_ROOT / "unified" / parent / container_id / "memory.events"
     try:
         for line in v2.read_text().splitlines():
             k, _, v = line.partition(" ")
@@ -51,18 +51,18 @@ def oom_killed(container_id: str) -> bool:
     return False
 
 
-def memory_usage_bytes(container_id: str) -> int | None:
-    f = CGROUP_ROOT / "memory" / PARENT / container_id / "memory.usage_in_bytes"
+def memory_usage_bytes(container_id: str, parent: str = PARENT) -> int | None:
+    f = CGROUP_ROOT / "memory" / parent / container_id / "memory.usage_in_bytes"
     try:
         return int(f.read_text())
     except (OSError, ValueError):
         return None
 
 
-def remove(container_id: str) -> list[Path]:
+def remove(container_id: str, parent: str = PARENT) -> list[Path]:
     """Removes the sandbox's cgroup directories (children first); returns those still there."""
     left = []
-    for d in controller_dirs(container_id):
+    for d in controller_dirs(container_id, parent):
         for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
             try:
                 sub.rmdir()
@@ -75,13 +75,13 @@ def remove(container_id: str) -> list[Path]:
     return left
 
 
-def leftover_ids() -> set[str]:
+def leftover_ids(parent: str = PARENT) -> set[str]:
     """Container ids that still have a cgroup directory under any controller."""
     ids: set[str] = set()
     if not CGROUP_ROOT.exists():
         return ids
     for ctl in os.listdir(CGROUP_ROOT):
-        parent = CGROUP_ROOT / ctl / PARENT
-        if parent.is_dir():
-            ids.update(p.name for p in parent.iterdir() if p.is_dir())
+        d = CGROUP_ROOT / ctl / parent
+        if d.is_dir():
+            ids.update(p.name for p in d.iterdir() if p.is_dir())
     return ids

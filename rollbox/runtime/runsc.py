@@ -102,7 +102,7 @@ class Runsc:
                               *extra, container_id, timeout=300)
 
     async def delete(self, container_id: str) -> RunscResult:
-        res = await self.run("delete", "-force", container_id, timeout=60)
+        res = await self.run("delete", "-force", container_id, timeout=20)
         # runsc leaves its control socket behind when a sandbox died badly, and then refuses
         # to create a container with the same id; remove it ourselves.
         for stale in (self.root / f"runsc-{container_id}.sock",):
@@ -111,6 +111,14 @@ class Runsc:
             except FileNotFoundError:
                 pass
         return res
+
+    def forget(self, container_id: str) -> None:
+        """Removes runsc's own state files for a container it could not delete."""
+        for p in self.root.glob(f"*{container_id}*"):
+            try:
+                p.unlink()
+            except OSError:
+                pass
 
     async def pause(self, container_id: str) -> RunscResult:
         return await self.run("pause", container_id, timeout=60)

@@ -77,6 +77,7 @@ class SandboxService:
         self.paths = paths
         self.runsc = runsc
         self.store = store
+        self.cg = paths.cgroup_parent
         self.images = ImageStore(paths.images)
         self.snapshots = SnapshotStore(paths.snapshots)
         self.reaper = Reaper()
@@ -146,7 +147,7 @@ class SandboxService:
             if snapshot is not None:
                 await asyncio.to_thread(copy_tree, self.snapshots.upper_dir(snapshot.snapshot_id), d / "upper")
             await asyncio.to_thread(mount_overlay, lowers, d / "upper", d / "work", d / "rootfs")
-            write_bundle(d, BundleSpec(rootfs=d / "rootfs", cgroup_path=cgroups.cgroup_path(cid),
+            write_bundle(d, BundleSpec(rootfs=d / "rootfs", cgroup_path=cgroups.cgroup_path(cid, self.cg),
                                        cpu=cpu, memory_mib=memory_mib, env=env))
             fin, fout = make_fifos(d)
             sb_in, sb_out = open_for_sandbox(fin, fout)
@@ -203,6 +204,22 @@ class SandboxService:
         return self.info(sandbox_id)
 
     @staticmethod
+    def _kill_container_processes(cid: str) -> None:
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0] in (b"runsc-sandbox", b"runsc-gofer") and any(cid.encode() in a for a in argv):
+                try:
+                    os.kill(int(name), 9)
+                except OSError:
+                    pass
+
+    @staticmethod
     def _find_sandbox_pid(cid: str) -> int | None:
         for name in os.listdir("/proc"):
             if not name.isdigit():
@@ -234,7 +251,7 @@ class SandboxService:
         lv = self.live.get(sandbox_id)
         if lv is None or lv.exit_reason is not None:
             return
-        lv.exit_reason = "oom" if cgroups.oom_killed(container_id(sandbox_id)) else "exited"
+        lv.exit_reason = "oom" if cgroups.oom_killed(container_id(sandbox_id), self.cg) else "exited"
         log.info("sandbox %s ended by itself (%s: %s)", sandbox_id, lv.exit_reason, reason)
         lv.channel.fail(f"the sandbox ended ({lv.exit_reason})")
         self._spawn(self.terminate(sandbox_id, reason=lv.exit_reason))
@@ -276,15 +293,24 @@ class SandboxService:
         while not delete.done():
             self.reaper.sweep()
             await asyncio.wait({delete}, timeout=0.05)
-        res = delete.result()
-        if res.returncode != 0 and b"does not exist" not in res.stderr and b"not found" not in res.stderr:
-            log.warning("runsc delete %s: %s", cid, res.stderr.decode(errors="replace").strip())
+        try:
+            res = delete.result()
+            failed = res.returncode != 0 and b"does not exist" not in res.stderr and b"not found" not in res.stderr
+            detail = res.stderr.decode(errors="replace").strip()
+        except errors.RollboxError as e:
+            failed, detail = True, str(e)
+        if failed:
+            # Carry on whatever runsc says: kill what is left of the sandbox ourselves and
+            # remove the rest, so a stuck runsc never leaks mounts, cgroups or directories.
+            log.warning("runsc delete %s failed (%s); killing its processes", cid, detail)
+            self._kill_container_processes(cid)
+            self.runsc.forget(cid)
         self.reaper.sweep()
         await asyncio.to_thread(unmount, d / "rootfs")
-        left = cgroups.remove(cid)
+        left = cgroups.remove(cid, self.cg)
         if left:
             await asyncio.sleep(0.1)
-            cgroups.remove(cid)
+            cgroups.remove(cid, self.cg)
         await asyncio.to_thread(remove_tree, d)
 
     # ---- exec and files ------------------------------------------------------------------
@@ -305,7 +331,7 @@ class SandboxService:
                 stdin=stdin, timeout=timeout, max_output=max_output or DEFAULT_MAX_OUTPUT)
         except errors.SandboxLost:
             await asyncio.sleep(0.05)  # let the exit watcher classify the death
-            if lv.exit_reason == "oom" or cgroups.oom_killed(container_id(sandbox_id)):
+            if lv.exit_reason == "oom" or cgroups.oom_killed(container_id(sandbox_id), self.cg):
                 return {"exit_code": 137, "oom_killed": True, "stdout": "", "stderr": "", "timed_out": False,
                         "truncated": False, "duration_s": 0.0}
             raise
@@ -446,8 +472,8 @@ class SandboxService:
                 if d.name not in self.live:
                     await self._teardown_host(d.name)
                     cleaned += 1
-        for cid in cgroups.leftover_ids() - live_cids:
-            cgroups.remove(cid)
+        for cid in cgroups.leftover_ids(self.cg) - live_cids:
+            cgroups.remove(cid, self.cg)
         for meta in self.snapshots.list():
             if meta.internal:
                 await self.delete_snapshot(meta.snapshot_id)

@@ -84,7 +84,7 @@ def host_traces(paths: Paths, sandbox_id: str) -> list[str]:
         out.append(f"dir {paths.sandboxes / sandbox_id}")
     with open("/proc/self/mounts") as f:
         out += [f"mount {line.split()[1]}" for line in f if sandbox_id in line.split()[1]]
-    out += [f"cgroup {d}" for d in cgroups.controller_dirs(cid)]
+    out += [f"cgroup {d}" for d in cgroups.controller_dirs(cid, paths.cgroup_parent)]
     if (paths.runsc_root / f"runsc-{cid}.sock").exists() or any(
             p.name.startswith(cid) for p in paths.runsc_root.glob("*")):
         out.append("runsc state")

@@ -102,10 +102,10 @@ def test_memory_limit_gives_oom(make_sandbox) -> None:
             time.sleep(0.1)
 
 
-def test_cpu_limit_applied(make_sandbox) -> None:
+def test_cpu_limit_applied(make_sandbox, paths) -> None:
     sb = make_sandbox(cpu=0.5, memory=256)
     cid = sb.sandbox_id.removeprefix("sb-")
-    quota = (cgroups.CGROUP_ROOT / "cpu" / cgroups.PARENT / cid / "cpu.cfs_quota_us").read_text().strip()
+    quota = (cgroups.CGROUP_ROOT / "cpu" / paths.cgroup_parent / cid / "cpu.cfs_quota_us").read_text().strip()
     assert quota == "50000"
     # A busy loop gets about half a core: 1 s of wall time gives ~0.5 s of CPU.
     r = sb.exec("python3", "-c", "import time,os\nt=time.time()\nwhile time.time()-t<2: pass\n"

@@ -20,7 +20,7 @@ def test_no_leftovers_after_suite(paths) -> None:
     assert os.listdir(paths.sandboxes) == []
     with open("/proc/self/mounts") as f:
         assert [line for line in f if str(paths.sandboxes) in line] == []
-    assert cgroups.leftover_ids() == set()
+    assert cgroups.leftover_ids(paths.cgroup_parent) == set()
     procs = subprocess.run(["pgrep", "-f", f"runsc-sandbox --root={paths.runsc_root}"], capture_output=True,
                            text=True).stdout.split()
     assert procs == []
