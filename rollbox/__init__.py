@@ -18,10 +18,12 @@ from .errors import (  # noqa: E402
     SandboxNotFound,
     SandboxTerminated,
     SnapshotNotFound,
+    VolumeNotFound,
 )
 from .sdk.image import Image  # noqa: E402
 from .sdk.pool import SandboxPool  # noqa: E402
 from .sdk.sandbox import Sandbox, SandboxInstance  # noqa: E402
+from .sdk.volume import Volume  # noqa: E402
 from .types import EpisodeResult, ExecResult, FileEntry, SandboxInfo  # noqa: E402
 
 __all__ = [
@@ -45,5 +47,7 @@ __all__ = [
     "SandboxPool",
     "SandboxTerminated",
     "SnapshotNotFound",
+    "Volume",
+    "VolumeNotFound",
     "__version__",
 ]

@@ -60,8 +60,12 @@ class Paths:
     def snapshots(self) -> Path:
         return self.home / "snapshots"
 
+    @property
+    def volumes(self) -> Path:
+        return self.home / "volumes"
+
     def ensure(self) -> None:
-        for p in (self.home, self.runsc_root, self.sandboxes, self.images, self.snapshots):
+        for p in (self.home, self.runsc_root, self.sandboxes, self.images, self.snapshots, self.volumes):
             p.mkdir(parents=True, exist_ok=True)
         # The API socket lives here and the daemon runs as root: only root may reach it
         # (uvicorn makes the socket itself world-writable).

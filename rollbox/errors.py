@@ -5,7 +5,8 @@
     ├── NotFound
     │   ├── SandboxNotFound
     │   ├── SnapshotNotFound
-    │   └── ImageNotFound
+    │   ├── ImageNotFound
+    │   └── VolumeNotFound
     ├── InvalidState             (e.g. exec on a terminated sandbox)
     │   └── SandboxTerminated
     ├── SandboxLost              (died or unreachable: an infrastructure fault, retryable)
@@ -62,6 +63,10 @@ class ImageNotFound(NotFound):
     code = "image_not_found"
 
 
+class VolumeNotFound(NotFound):
+    code = "volume_not_found"
+
+
 class FileNotFoundInSandbox(NotFound):
     code = "file_not_found"
 
@@ -98,7 +103,7 @@ CODES: dict[str, type[RollboxError]] = {
     cls.code: cls
     for cls in (
         RollboxError, InvalidArgument, NotFound, SandboxNotFound, SnapshotNotFound, ImageNotFound,
-        FileNotFoundInSandbox, InvalidState, SandboxTerminated, SandboxLost, RuntimeMissing,
+        VolumeNotFound, FileNotFoundInSandbox, InvalidState, SandboxTerminated, SandboxLost, RuntimeMissing,
         ResourceExhausted, DaemonUnavailable, ApiError,
     )
 }

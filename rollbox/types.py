@@ -87,6 +87,9 @@ class SandboxInfo:
     exit_reason: str | None = None
     fork_index: int | None = None
     ttfc_ms: float | None = None
+    paused_snapshot_id: str | None = None
+    volumes: list[dict[str, str]] = field(default_factory=list)
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,10 @@ app = typer.Typer(help="rollbox: gVisor sandboxes for RL rollouts.", no_args_is_
 image_app = typer.Typer(help="Images.", no_args_is_help=True)
 snapshot_app = typer.Typer(help="Memory snapshots.", no_args_is_help=True)
 demo_app = typer.Typer(help="Demos on real data.", no_args_is_help=True)
+volume_app = typer.Typer(help="Named volumes.", no_args_is_help=True)
+daemon_app = typer.Typer(help="The local daemon.", no_args_is_help=True)
+app.add_typer(volume_app, name="volume")
+app.add_typer(daemon_app, name="daemon")
 app.add_typer(image_app, name="image")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(demo_app, name="demo")
@@ -82,10 +86,116 @@ def doctor() -> None:
 
 
 @app.command()
-def usage() -> None:
-    """Per-sandbox usage: seconds, cpu-seconds, MiB-seconds."""
-    for u in _client().request("GET", "/usage"):
-        print(json.dumps(u))
+def usage(by_tag: Optional[str] = typer.Option(None, "--by-tag", help="sum per value of this tag"),
+          cpu_hour: float = typer.Option(0.0, help="price per reserved CPU-hour"),
+          gib_hour: float = typer.Option(0.0, help="price per reserved GiB-hour of memory"),
+          gpu_hour: float = typer.Option(0.0, help="price per GPU-hour"),
+          as_json: bool = typer.Option(False, "--json", help="one JSON object per line")) -> None:
+    """Per-second usage per sandbox (or per tag), with a cost estimate from your rates."""
+    from ..sdk.usage import Rates
+    from ..sdk.usage import usage as _usage
+    priced = any((cpu_hour, gib_hour, gpu_hour))
+    rows = _usage(_client(), by_tag=by_tag, rates=Rates(cpu_hour, gib_hour, gpu_hour) if priced else None)
+    if as_json:
+        for r in rows:
+            print(json.dumps(r))
+        return
+    key = by_tag or "sandbox_id"
+    print(f"{key:<28} {'run_s':>9} {'boot_s':>7} {'cpu_s':>8} {'peak_MiB':>9} {'cpu_s_resv':>10} {'GiB_s_resv':>10}"
+          + ("       cost" if priced else ""))
+    for r in rows:
+        print(f"{str(r[key])[:28]:<28} {r['run_s']:>9.1f} {r['boot_s']:>7.2f} {r['cpu_seconds']:>8.2f} "
+              f"{r['peak_memory_bytes'] / 2**20:>9.1f} {r['reserved_cpu_seconds']:>10.1f} {r['reserved_gib_seconds']:>10.1f}"
+              + (f" {r['cost']:>10.4f}" if priced else ""))
+
+
+@volume_app.command("ls")
+def volume_ls() -> None:
+    """List volumes with size and file count."""
+    print(f"{'NAME':<24} {'FILES':>6} {'SIZE':>12}  PATH")
+    for v in _client().request("GET", "/volumes"):
+        print(f"{v['name']:<24} {v['files']:>6} {v['size_bytes']:>12}  {v['path']}")
+
+
+@volume_app.command("put")
+def volume_put(name: str, local: str, path: str = typer.Argument(None, help="path in the volume (default: file name)")) -> None:
+    """Copy a local file into a volume."""
+    from pathlib import Path as _P
+
+    from ..sdk.volume import Volume
+    src = _P(local)
+    Volume(name, client=_client()).write_file(path or "/" + src.name, src.read_bytes())
+    print(f"{local} -> {name}:{path or '/' + src.name}")
+
+
+@volume_app.command("get")
+def volume_get(name: str, path: str, local: str = typer.Argument("-", help="local file, or - for stdout")) -> None:
+    """Copy a file out of a volume."""
+    from ..sdk.volume import Volume
+    data = Volume(name, client=_client()).read_file(path)
+    if local == "-":
+        sys.stdout.buffer.write(data)
+    else:
+        with open(local, "wb") as f:
+            f.write(data)
+
+
+@volume_app.command("rm")
+def volume_rm(name: str) -> None:
+    """Delete a volume (refused while a sandbox mounts it)."""
+    _client().request("DELETE", f"/volumes/{name}")
+    print(name)
+
+
+@daemon_app.command("status")
+def daemon_status() -> None:
+    """Is the local daemon running? (pid, sandboxes)"""
+    from ..client.transport import Client
+    c = Client(autostart=False)
+    try:
+        h = c.request("GET", "/health")
+    except errors.DaemonUnavailable:
+        print(f"not running ({c.base_url})")
+        raise typer.Exit(1)
+    print(f"running: pid {h['pid']}, version {h['version']}, {h['sandboxes']} live sandboxes, {c.base_url}")
+
+
+def _stop_daemon() -> bool:
+    import os
+    import signal
+    paths = Paths.from_env()
+    try:
+        pid = int(paths.daemon_lock.read_text().strip())
+    except (OSError, ValueError):
+        return False
+    from ..client.transport import Client
+    c = Client(autostart=False)
+    if not c._lock_held():
+        return False
+    os.kill(pid, signal.SIGTERM)
+    for _ in range(200):
+        if not c._lock_held():
+            return True
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    return True
+
+
+@daemon_app.command("stop")
+def daemon_stop() -> None:
+    """Stop the local daemon. Sandboxes keep running; the next SDK call starts it again."""
+    print("stopped" if _stop_daemon() else "not running")
+
+
+@daemon_app.command("restart")
+def daemon_restart() -> None:
+    """Stop and start the local daemon (it re-adopts running sandboxes)."""
+    _stop_daemon()
+    from ..client.transport import Client
+    c = Client()
+    c.ensure_daemon()
+    h = c.request("GET", "/health")
+    print(f"running: pid {h['pid']}, {h['sandboxes']} live sandboxes")
 
 
 @image_app.command("build-base")
@@ -107,8 +217,13 @@ def image_ls() -> None:
 
 @snapshot_app.command("ls")
 def snapshot_ls() -> None:
+    """List stored snapshots."""
+    now = time.time()
+    print(f"{'SNAPSHOT':<28} {'KIND':<7} {'SOURCE':<28} {'SIZE_MiB':>8} {'AGE':>7} {'EXPIRES':>8}  IN USE")
     for m in _client().request("GET", "/snapshots"):
-        print(json.dumps(m))
+        exp = f"{m['expires_at'] - now:.0f}s" if m.get("expires_at") else "-"
+        print(f"{m['snapshot_id']:<28} {m['kind']:<7} {m['source_sandbox_id']:<28} {m['size_bytes'] / 2**20:>8.1f} "
+              f"{now - m['created_at']:>6.0f}s {exp:>8}  {m['in_use'] or ''}")
 
 
 @snapshot_app.command("rm")

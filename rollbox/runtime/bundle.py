@@ -42,6 +42,8 @@ class BundleSpec:
     env: dict[str, str] = field(default_factory=dict)
     agent_dir: Path = AGENT_DIR
     pids: int = 4096
+    # (host directory, path in the sandbox): named volumes, bind-mounted read-write.
+    binds: tuple[tuple[str, str], ...] = ()
 
 
 def oci_spec(spec: BundleSpec) -> dict[str, object]:
@@ -69,6 +71,8 @@ def oci_spec(spec: BundleSpec) -> dict[str, object]:
              "options": ["nosuid", "noexec", "nodev", "ro"]},
             {"destination": AGENT_MOUNT, "type": "bind", "source": str(spec.agent_dir),
              "options": ["rbind", "ro"]},
+            *({"destination": dest, "type": "bind", "source": src, "options": ["rbind", "rw"]}
+              for src, dest in spec.binds),
         ],
         "linux": {
             "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],

@@ -59,6 +59,23 @@ def memory_usage_bytes(container_id: str, parent: str = PARENT) -> int | None:
         return None
 
 
+def cpu_seconds(container_id: str, parent: str = PARENT) -> float | None:
+    """CPU time the sandbox used so far (cgroup v1 cpuacct.usage, nanoseconds)."""
+    f = CGROUP_ROOT / "cpuacct" / parent / container_id / "cpuacct.usage"
+    try:
+        return int(f.read_text()) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+def peak_memory_bytes(container_id: str, parent: str = PARENT) -> int | None:
+    f = CGROUP_ROOT / "memory" / parent / container_id / "memory.max_usage_in_bytes"
+    try:
+        return int(f.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def remove(container_id: str, parent: str = PARENT) -> list[Path]:
     """Removes the sandbox's cgroup directories (children first); returns those still there."""
     left = []

@@ -17,6 +17,7 @@ from ..client.transport import Client
 from ..types import ExecResult, FileEntry, SandboxInfo
 from ._aio import synchronized
 from .image import Image
+from .volume import Volume
 
 _shared_client: list[Client] = []
 
@@ -45,6 +46,8 @@ class Sandbox:
             sandbox (the backstop for leaked sandboxes); None or <= 0 keeps it forever. There
             is no cap on a sandbox's lifetime while it is used.
         env: environment variables for every command.
+        volumes: `Volume(name=..., mount_path=...)` list, mounted read-write (created on first use).
+        tags: labels recorded with the sandbox's usage (`rollbox usage` sums per tag).
     """
 
     image: Image = field(default_factory=Image.debian)
@@ -52,6 +55,8 @@ class Sandbox:
     memory: int = 1024
     keep_warm_seconds: float | None = 600
     env: dict[str, str] = field(default_factory=dict)
+    volumes: list[Volume] = field(default_factory=list)
+    tags: dict[str, str] = field(default_factory=dict)
     client: Client | None = field(default=None, compare=False, repr=False)
 
     def _client(self) -> Client:
@@ -70,7 +75,8 @@ class Sandbox:
         c = self._client()
         info = _info(c.request("POST", "/sandboxes", json={
             "image_id": self.image.image_id, "cpu": self.cpu, "memory": self.memory, "env": self.env,
-            "keep_warm_seconds": self.keep_warm_seconds}))
+            "keep_warm_seconds": self.keep_warm_seconds, "volumes": [v.to_wire() for v in self.volumes],
+            "tags": self.tags}))
         return SandboxInstance(info.sandbox_id, c, info)
 
     @synchronized
@@ -82,13 +88,17 @@ class Sandbox:
         """
         c = self._client()
         info = _info(c.request("POST", f"/snapshots/{snapshot_id}/restore",
-                               json={"keep_warm_seconds": self.keep_warm_seconds}))
+                               json={"keep_warm_seconds": self.keep_warm_seconds, "tags": self.tags}))
         return SandboxInstance(info.sandbox_id, c, info)
 
+    @synchronized
     def connect(self, sandbox_id: str) -> "SandboxInstance":
-        """A handle on an existing sandbox (e.g. one made by another process)."""
+        """A handle on an existing sandbox (e.g. one made by another process); a paused
+        sandbox is resumed first. Raises SandboxNotFound."""
         c = self._client()
         info = _info(c.request("GET", f"/sandboxes/{sandbox_id}"))
+        if info.state == "paused":
+            info = _info(c.request("POST", f"/sandboxes/{sandbox_id}/resume"))
         return SandboxInstance(sandbox_id, c, info)
 
 
@@ -198,12 +208,43 @@ class SandboxInstance:
         return res
 
     @synchronized
-    def snapshot_memory(self) -> str:
+    def snapshot_memory(self, ttl: float | None = None) -> str:
         """Captures memory, processes (with open sockets) and files; the sandbox keeps running.
 
+        Args:
+            ttl: seconds the store keeps the snapshot; None keeps it until deleted.
+
         Returns the snapshot id for `Sandbox().create_from_memory_snapshot(id)` or `SandboxPool`.
+        Raises ResourceExhausted when the store's disk is full (nothing stored is touched).
         """
-        return str(self._call("POST", "snapshot")["snapshot_id"])
+        return str(self._call("POST", "snapshot", {"ttl": ttl})["snapshot_id"])
+
+    @synchronized
+    def pause(self) -> str:
+        """Checkpoints the sandbox to the store and frees its CPU and memory.
+
+        Any later call (exec, files, `resume()`, `Sandbox().connect(id)`) brings it back exactly
+        where it was. Returns the paused state's snapshot id: restore it into copies to branch
+        (it is kept until the sandbox resumes).
+        """
+        return str(self._call("POST", "pause")["snapshot_id"])
+
+    @synchronized
+    def resume(self) -> None:
+        """Brings a paused sandbox back (same id, same processes and files)."""
+        self._info = _info(self._call("POST", "resume"))
+
+    @synchronized
+    def update_ttl(self, keep_warm_seconds: float | None) -> None:
+        """Sets keep_warm_seconds: idle seconds before the daemon kills it (None or -1: never)."""
+        self._info = _info(self._client.request("PATCH", f"/sandboxes/{self.sandbox_id}",
+                                                json={"keep_warm_seconds": keep_warm_seconds}))
+
+    @synchronized
+    def usage(self) -> dict[str, Any]:
+        """Per-second usage: wall_s, run_s, boot_s, cpu_seconds, peak_memory_bytes, gpu_seconds,
+        reserved_cpu_seconds, reserved_gib_seconds."""
+        return dict(self._call("GET", "usage"))
 
     @synchronized
     def create_image_from_filesystem(self) -> str:

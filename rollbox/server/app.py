@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 from dataclasses import asdict
 from typing import Any
@@ -21,16 +22,37 @@ from .service import SandboxService
 log = logging.getLogger("rollbox.api")
 
 
+class VolumeMount(BaseModel):
+    name: str = Field(description="volume name, created on first use")
+    mount_path: str = Field(description="absolute path in the sandbox, e.g. /data")
+
+
 class CreateSandbox(BaseModel):
     image_id: str = Field(description="image to boot, e.g. 'im-debian-bookworm'")
     cpu: float = Field(1.0, description="CPU cores (float)")
     memory: int = Field(1024, description="memory limit of the whole sandbox, MiB")
     env: dict[str, str] = Field(default_factory=dict)
     keep_warm_seconds: float | None = Field(600, description="idle seconds before the sandbox is killed; None or <=0: never")
+    volumes: list[VolumeMount] = Field(default_factory=list)
+    tags: dict[str, str] = Field(default_factory=dict, description="labels for usage accounting")
 
 
 class RestoreSnapshot(BaseModel):
     keep_warm_seconds: float | None = 600
+    tags: dict[str, str] = Field(default_factory=dict)
+
+
+class SnapshotRequest(BaseModel):
+    ttl: float | None = Field(None, description="seconds before the store deletes it; None keeps it")
+
+
+class UpdateSandbox(BaseModel):
+    keep_warm_seconds: float | None = Field(description="idle seconds before expiry; None or <= 0: never")
+
+
+class VolumeWrite(BaseModel):
+    path: str
+    data: str = Field(description="base64 bytes")
 
 
 class ExecRequest(BaseModel):
@@ -81,7 +103,8 @@ def create_app(service: SandboxService) -> FastAPI:
         if body.image_id == "im-debian-bookworm":
             await asyncio.to_thread(service.images.ensure_debian)
         info = await service.create(image_id=body.image_id, cpu=body.cpu, memory_mib=body.memory, env=body.env,
-                                    keep_warm_seconds=body.keep_warm_seconds)
+                                    keep_warm_seconds=body.keep_warm_seconds,
+                                    volumes=[v.model_dump() for v in body.volumes], tags=body.tags)
         return asdict(info)
 
     @app.get("/sandboxes")
@@ -91,6 +114,26 @@ def create_app(service: SandboxService) -> FastAPI:
     @app.get("/sandboxes/{sandbox_id}")
     async def get_sandbox(sandbox_id: str) -> dict[str, Any]:
         return asdict(service.info(sandbox_id))
+
+    @app.patch("/sandboxes/{sandbox_id}")
+    async def update(sandbox_id: str, body: UpdateSandbox) -> dict[str, Any]:
+        return asdict(service.update_ttl(sandbox_id, body.keep_warm_seconds))
+
+    @app.post("/sandboxes/{sandbox_id}/pause")
+    async def pause(sandbox_id: str) -> dict[str, Any]:
+        return {"snapshot_id": await service.pause(sandbox_id)}
+
+    @app.post("/sandboxes/{sandbox_id}/resume")
+    async def resume(sandbox_id: str) -> dict[str, Any]:
+        return asdict(await service.resume(sandbox_id))
+
+    @app.get("/sandboxes/{sandbox_id}/usage")
+    async def sandbox_usage(sandbox_id: str) -> dict[str, Any]:
+        service.info(sandbox_id)
+        if sandbox_id in service.live:
+            service.sample_usage()
+        rows = service.store.usage(sandbox_id)
+        return rows[0] if rows else {}
 
     @app.delete("/sandboxes/{sandbox_id}")
     async def terminate(sandbox_id: str) -> dict[str, Any]:
@@ -118,8 +161,8 @@ def create_app(service: SandboxService) -> FastAPI:
         return await service.remove_file(sandbox_id, body.path)
 
     @app.post("/sandboxes/{sandbox_id}/snapshot")
-    async def snapshot(sandbox_id: str) -> dict[str, Any]:
-        return {"snapshot_id": await service.snapshot_memory(sandbox_id)}
+    async def snapshot(sandbox_id: str, body: SnapshotRequest | None = None) -> dict[str, Any]:
+        return {"snapshot_id": await service.snapshot_memory(sandbox_id, ttl_s=body.ttl if body else None)}
 
     @app.post("/sandboxes/{sandbox_id}/fork")
     async def fork(sandbox_id: str, body: ForkRequest) -> list[dict[str, Any]]:
@@ -132,11 +175,11 @@ def create_app(service: SandboxService) -> FastAPI:
 
     @app.post("/snapshots/{snapshot_id}/restore")
     async def restore(snapshot_id: str, body: RestoreSnapshot) -> dict[str, Any]:
-        return asdict(await service.restore(snapshot_id, keep_warm_seconds=body.keep_warm_seconds))
+        return asdict(await service.restore(snapshot_id, keep_warm_seconds=body.keep_warm_seconds, tags=body.tags))
 
     @app.get("/snapshots")
     async def list_snapshots() -> list[dict[str, Any]]:
-        return [asdict(m) for m in service.snapshots.list()]
+        return service.list_snapshots()
 
     @app.delete("/snapshots/{snapshot_id}")
     async def delete_snapshot(snapshot_id: str) -> dict[str, Any]:
@@ -157,6 +200,44 @@ def create_app(service: SandboxService) -> FastAPI:
 
     @app.get("/usage")
     async def usage() -> list[dict[str, Any]]:
+        service.sample_usage()
         return service.store.usage()
+
+    @app.get("/volumes")
+    async def list_volumes() -> list[dict[str, Any]]:
+        return [asdict(v) for v in await asyncio.to_thread(service.volumes.list)]
+
+    @app.put("/volumes/{name}")
+    async def create_volume(name: str) -> dict[str, Any]:
+        service.volumes.ensure(name)
+        return asdict(service.volumes.info(name))
+
+    @app.get("/volumes/{name}")
+    async def get_volume(name: str) -> dict[str, Any]:
+        return asdict(await asyncio.to_thread(service.volumes.info, name))
+
+    @app.delete("/volumes/{name}")
+    async def delete_volume(name: str) -> dict[str, Any]:
+        await asyncio.to_thread(service.delete_volume, name)
+        return {"deleted": name}
+
+    @app.post("/volumes/{name}/files/write")
+    async def volume_write(name: str, body: VolumeWrite) -> dict[str, Any]:
+        data = base64.b64decode(body.data)
+        return {"size": await asyncio.to_thread(service.volumes.write_file, name, body.path, data)}
+
+    @app.post("/volumes/{name}/files/read")
+    async def volume_read(name: str, body: PathRequest) -> dict[str, Any]:
+        data = await asyncio.to_thread(service.volumes.read_file, name, body.path)
+        return {"data": base64.b64encode(data).decode()}
+
+    @app.post("/volumes/{name}/files/list")
+    async def volume_list(name: str, body: PathRequest) -> dict[str, Any]:
+        return {"entries": await asyncio.to_thread(service.volumes.list_files, name, body.path)}
+
+    @app.post("/volumes/{name}/files/remove")
+    async def volume_remove(name: str, body: PathRequest) -> dict[str, Any]:
+        await asyncio.to_thread(service.volumes.remove_file, name, body.path)
+        return {}
 
     return app

@@ -46,6 +46,8 @@ async def _watchdog(service: SandboxService, interval_s: float = 1.0) -> None:
         await asyncio.sleep(interval_s)
         try:
             await service.expire_idle()
+            await service.expire_snapshots()
+            service.sample_usage()
             service.reaper.sweep()
         except Exception:  # noqa: BLE001 - the watchdog must outlive any one failure
             log.exception("watchdog pass failed")

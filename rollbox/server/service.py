@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import os
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from ..runtime.rootfs import copy_tree, disk_free_bytes, mount_overlay, remove_t
 from ..runtime.runsc import Runsc
 from ..snapshots.store import SnapshotMeta, SnapshotStore, new_snapshot_id
 from ..types import SandboxInfo
+from ..volumes.store import VolumeStore, check_mount_path, check_name
 from .store import LIVE_STATES, Store
 
 log = logging.getLogger("rollbox.service")
@@ -70,6 +72,7 @@ class Live:
     last_active: float = field(default_factory=time.monotonic)
     exit_reason: str | None = None
     busy: int = 0
+    volumes: list[dict[str, str]] = field(default_factory=list)
 
 
 class SandboxService:
@@ -83,6 +86,11 @@ class SandboxService:
         self.reaper = Reaper()
         self.live: dict[str, Live] = {}
         self._teardowns: dict[str, asyncio.Task[None]] = {}
+        # Per-sandbox lock: pause, resume and terminate of one sandbox never interleave.
+        self._locks: dict[str, asyncio.Lock] = {}
+        # Snapshot id -> restores in flight (a snapshot in use cannot be deleted).
+        self._snapshot_users: dict[str, int] = {}
+        self.volumes = VolumeStore(paths.volumes)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---- helpers -------------------------------------------------------------------------
@@ -110,6 +118,18 @@ class SandboxService:
             f"sandbox {sandbox_id} is no longer running ({reason}); create a new one",
             sandbox_id=sandbox_id)
 
+    def _lock(self, sandbox_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(sandbox_id, asyncio.Lock())
+
+    async def _running(self, sandbox_id: str) -> Live:
+        """The live sandbox, resuming it first if it is paused (it wakes on demand)."""
+        lv = self.live.get(sandbox_id)
+        if lv is None:
+            row = self.store.get_row(sandbox_id)
+            if row is not None and row["state"] == "paused":
+                await self.resume(sandbox_id)
+        return self._live(sandbox_id)
+
     def _spawn(self, coro: Any) -> None:
         t = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(t)
@@ -129,8 +149,14 @@ class SandboxService:
 
     async def _boot(self, *, sandbox_id: str, image_id: str, cpu: float, memory_mib: int,
                     env: dict[str, str], keep_warm_seconds: float | None,
-                    snapshot: SnapshotMeta | None = None, fork_index: int | None = None) -> SandboxInfo:
+                    snapshot: SnapshotMeta | None = None, fork_index: int | None = None,
+                    volumes: list[dict[str, str]] | None = None, tags: dict[str, str] | None = None,
+                    resume: bool = False) -> SandboxInfo:
         t0 = time.monotonic()
+        if snapshot is not None:
+            volumes = snapshot.volumes  # a restore must mount exactly what was captured
+        volumes = list(volumes or [])
+        binds = tuple((str(self.volumes.ensure(v["name"])), v["mount_path"]) for v in volumes)
         if cpu <= 0 or cpu > (os.cpu_count() or 1) * 4:
             raise errors.InvalidArgument(f"cpu={cpu} is out of range: give cores as a float in (0, {(os.cpu_count() or 1) * 4}]")
         if memory_mib < 128:
@@ -148,7 +174,7 @@ class SandboxService:
                 await asyncio.to_thread(copy_tree, self.snapshots.upper_dir(snapshot.snapshot_id), d / "upper")
             await asyncio.to_thread(mount_overlay, lowers, d / "upper", d / "work", d / "rootfs")
             write_bundle(d, BundleSpec(rootfs=d / "rootfs", cgroup_path=cgroups.cgroup_path(cid, self.cg),
-                                       cpu=cpu, memory_mib=memory_mib, env=env))
+                                       cpu=cpu, memory_mib=memory_mib, env=env, binds=binds))
             fin, fout = make_fifos(d)
             sb_in, sb_out = open_for_sandbox(fin, fout)
             try:
@@ -190,13 +216,18 @@ class SandboxService:
                 raise errors.SandboxLost(f"sandbox {sandbox_id} did not answer within {BOOT_TIMEOUT_S:.0f} s "
                                          f"of starting; see `rollbox doctor`", sandbox_id=sandbox_id) from None
             raise
-        lv = Live(sandbox_id, channel, image_id, cpu, memory_mib, env, keep_warm_seconds)
+        lv = Live(sandbox_id, channel, image_id, cpu, memory_mib, env, keep_warm_seconds, volumes=volumes)
         self.live[sandbox_id] = lv
         now = time.time()
-        self.store.insert_sandbox(
-            sandbox_id=sandbox_id, state="running", image_id=image_id, created_at=now, cpu=cpu,
-            memory_mib=memory_mib, keep_warm_seconds=keep_warm_seconds,
-            snapshot_id=snapshot.snapshot_id if snapshot else None, fork_index=fork_index, ttfc_ms=ttfc_ms)
+        if resume:
+            self.store.update_sandbox(sandbox_id, state="running", paused_snapshot_id=None)
+            self.store.open_interval(sandbox_id, now, boot_s=ttfc_ms / 1000)
+        else:
+            self.store.insert_sandbox(
+                sandbox_id=sandbox_id, state="running", image_id=image_id, created_at=now, cpu=cpu,
+                memory_mib=memory_mib, keep_warm_seconds=keep_warm_seconds,
+                snapshot_id=snapshot.snapshot_id if snapshot else None, fork_index=fork_index, ttfc_ms=ttfc_ms,
+                volumes=json.dumps(volumes), tags=json.dumps(tags or {}))
         channel.on_lost = lambda reason: self._on_lost(sandbox_id, reason)
         lv.pid = self._find_sandbox_pid(cid)
         if lv.pid is not None:
@@ -234,16 +265,98 @@ class SandboxService:
         return None
 
     async def create(self, *, image_id: str, cpu: float = 1.0, memory_mib: int = 1024,
-                     env: dict[str, str] | None = None, keep_warm_seconds: float | None = 600) -> SandboxInfo:
+                     env: dict[str, str] | None = None, keep_warm_seconds: float | None = 600,
+                     volumes: list[dict[str, str]] | None = None, tags: dict[str, str] | None = None) -> SandboxInfo:
+        vols = []
+        seen: set[str] = set()
+        for v in volumes or []:
+            mp = check_mount_path(v.get("mount_path", ""))
+            if mp in seen:
+                raise errors.InvalidArgument(f"two volumes are mounted at {mp}; give each its own mount_path")
+            seen.add(mp)
+            vols.append({"name": check_name(v.get("name", "")), "mount_path": mp})
         return await self._boot(sandbox_id=new_sandbox_id(), image_id=image_id, cpu=cpu, memory_mib=memory_mib,
-                                env=dict(env or {}), keep_warm_seconds=keep_warm_seconds)
+                                env=dict(env or {}), keep_warm_seconds=keep_warm_seconds, volumes=vols, tags=tags)
 
     async def restore(self, snapshot_id: str, *, keep_warm_seconds: float | None = 600,
-                      fork_index: int | None = None) -> SandboxInfo:
+                      fork_index: int | None = None, tags: dict[str, str] | None = None) -> SandboxInfo:
         meta = self.snapshots.meta(snapshot_id)
-        return await self._boot(sandbox_id=new_sandbox_id(), image_id=meta.image_id, cpu=meta.cpu,
-                                memory_mib=meta.memory_mib, env=meta.env, keep_warm_seconds=keep_warm_seconds,
-                                snapshot=meta, fork_index=fork_index)
+        self._snapshot_users[snapshot_id] = self._snapshot_users.get(snapshot_id, 0) + 1
+        try:
+            return await self._boot(sandbox_id=new_sandbox_id(), image_id=meta.image_id, cpu=meta.cpu,
+                                    memory_mib=meta.memory_mib, env=meta.env, keep_warm_seconds=keep_warm_seconds,
+                                    snapshot=meta, fork_index=fork_index, tags=tags)
+        finally:
+            self._snapshot_users[snapshot_id] -= 1
+            if not self._snapshot_users[snapshot_id]:
+                del self._snapshot_users[snapshot_id]
+
+    # ---- pause / resume ------------------------------------------------------------------
+
+    async def pause(self, sandbox_id: str) -> str:
+        """Checkpoints memory, processes and files to the store and frees the sandbox's CPU and
+        memory; returns the paused state's snapshot id (restorable into copies: branching)."""
+        async with self._lock(sandbox_id):
+            lv = self._live(sandbox_id)
+            # Detach the death watch first: the sandbox stops by design after the checkpoint.
+            self.live.pop(sandbox_id, None)
+            lv.channel.on_lost = None
+            if lv.pid is not None:
+                self.reaper.unwatch(lv.pid)
+            try:
+                sid = await self.snapshot_memory(sandbox_id, kind="pause", leave_running=False, lv=lv)
+            except BaseException:
+                self.live[sandbox_id] = lv
+                lv.channel.on_lost = lambda reason: self._on_lost(sandbox_id, reason)
+                if lv.pid is not None:
+                    self.reaper.watch(lv.pid, lambda: self._on_lost(sandbox_id, "the sandbox process exited"))
+                raise
+            lv.channel.close("the sandbox was paused")
+            self._record_usage(sandbox_id)
+            self.store.update_sandbox(sandbox_id, state="paused", paused_snapshot_id=sid)
+            self.store.close_interval(sandbox_id, time.time())
+            await self._teardown_host(sandbox_id)
+            return sid
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo:
+        """Brings a paused sandbox back exactly where it was, with the same id."""
+        async with self._lock(sandbox_id):
+            row = self.store.get_row(sandbox_id)
+            if row is None:
+                raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found", sandbox_id=sandbox_id)
+            if row["state"] == "running" and sandbox_id in self.live:
+                return self.info(sandbox_id)
+            if row["state"] != "paused":
+                raise errors.InvalidState(f"sandbox {sandbox_id} is {row['state']}, not paused; only a paused "
+                                          "sandbox can be resumed", sandbox_id=sandbox_id)
+            snap_id = row["paused_snapshot_id"]
+            meta = self.snapshots.meta(snap_id)
+            info = await self._boot(sandbox_id=sandbox_id, image_id=meta.image_id, cpu=meta.cpu,
+                                    memory_mib=meta.memory_mib, env=meta.env,
+                                    keep_warm_seconds=row["keep_warm_seconds"], snapshot=meta,
+                                    fork_index=row["fork_index"], resume=True)
+            await self._delete_snapshot_files(snap_id)
+            return info
+
+    def update_ttl(self, sandbox_id: str, keep_warm_seconds: float | None) -> SandboxInfo:
+        """Sets keep_warm_seconds (None or <= 0: never expire) and counts as activity."""
+        lv = self.live.get(sandbox_id)
+        if lv is not None:
+            lv.keep_warm_seconds = keep_warm_seconds
+            lv.last_active = time.monotonic()
+        elif self.store.get_row(sandbox_id) is None:
+            raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found", sandbox_id=sandbox_id)
+        self.store.update_sandbox(sandbox_id, keep_warm_seconds=keep_warm_seconds)
+        return self.info(sandbox_id)
+
+    def _record_usage(self, sandbox_id: str) -> None:
+        cid = container_id(sandbox_id)
+        self.store.record_resources(sandbox_id, cgroups.cpu_seconds(cid, self.cg),
+                                    cgroups.peak_memory_bytes(cid, self.cg))
+
+    def sample_usage(self) -> None:
+        for sid in list(self.live):
+            self._record_usage(sid)
 
     # ---- death and teardown --------------------------------------------------------------
 
@@ -270,8 +383,21 @@ class SandboxService:
         return self.info(sandbox_id)
 
     async def _terminate(self, sandbox_id: str, reason: str) -> None:
+        async with self._lock(sandbox_id):
+            await self._terminate_locked(sandbox_id, reason)
+        self._locks.pop(sandbox_id, None)
+
+    async def _terminate_locked(self, sandbox_id: str, reason: str) -> None:
+        if sandbox_id in self.live:
+            self._record_usage(sandbox_id)
         lv = self.live.pop(sandbox_id, None)
         row = self.store.get_row(sandbox_id)
+        if row is not None and row["state"] == "paused":
+            self.store.update_sandbox(sandbox_id, state="terminated", ended_at=time.time(), exit_reason=reason,
+                                      paused_snapshot_id=None)
+            if row["paused_snapshot_id"]:
+                await self._delete_snapshot_files(row["paused_snapshot_id"])
+            return
         if lv is not None:
             reason = lv.exit_reason or reason
             lv.channel.close(f"the sandbox was terminated ({reason})")
@@ -323,7 +449,7 @@ class SandboxService:
             raise errors.InvalidArgument("exec needs a non-empty list of string arguments, e.g. exec('python3', '-c', 'print(1)')")
         if timeout is not None and timeout <= 0:
             raise errors.InvalidArgument(f"timeout={timeout} must be a positive number of seconds, or None for no limit")
-        lv = self._live(sandbox_id)
+        lv = await self._running(sandbox_id)
         lv.busy += 1
         try:
             reply = await lv.channel.request(
@@ -342,7 +468,7 @@ class SandboxService:
         return reply
 
     async def _agent(self, sandbox_id: str, op: str, **fields: Any) -> dict[str, Any]:
-        lv = self._live(sandbox_id)
+        lv = await self._running(sandbox_id)
         try:
             return await lv.channel.request(op, wait_s=120.0, **fields)
         except AgentError as e:
@@ -365,32 +491,90 @@ class SandboxService:
 
     # ---- snapshots, fork, images -----------------------------------------------------------
 
-    async def snapshot_memory(self, sandbox_id: str, *, internal: bool = False) -> str:
-        """Captures memory, processes and files; the sandbox keeps running. Returns the id."""
-        lv = self._live(sandbox_id)
+    async def snapshot_memory(self, sandbox_id: str, *, internal: bool = False, kind: str = "memory",
+                              leave_running: bool = True, ttl_s: float | None = None, lv: Live | None = None) -> str:
+        """Captures memory, processes and files; the sandbox keeps running unless
+        `leave_running=False` (pause). `ttl_s`: seconds before the store deletes it (None: kept).
+        Returns the snapshot id."""
+        if ttl_s is not None and ttl_s <= 0:
+            raise errors.InvalidArgument(f"ttl={ttl_s} must be a positive number of seconds, or None to keep it")
+        if lv is None:
+            lv = await self._running(sandbox_id)
         sid = new_snapshot_id()
         d = self.snapshots.dir(sid)
         d.mkdir(parents=True)
         try:
             ck = self.snapshots.checkpoint_dir(sid)
             ck.mkdir()
-            res = await self.runsc.checkpoint(container_id(sandbox_id), ck, leave_running=True)
+            if disk_free_bytes(self.paths.snapshots) < MIN_FREE_DISK:
+                raise errors.ResourceExhausted(
+                    f"less than {MIN_FREE_DISK >> 20} MiB free under {self.paths.snapshots}: delete snapshots "
+                    "(`rollbox snapshot rm`) or free disk", sandbox_id=sandbox_id)
+            res = await self.runsc.checkpoint(container_id(sandbox_id), ck, leave_running=leave_running)
             if res.returncode != 0:
-                raise errors.SandboxLost(f"checkpointing sandbox {sandbox_id} failed: "
-                                         f"{res.stderr.decode(errors='replace').strip()[-800:]}", sandbox_id=sandbox_id)
+                detail = res.stderr.decode(errors="replace").strip()[-800:]
+                if "no space left" in detail.lower():
+                    raise errors.ResourceExhausted(f"disk full while checkpointing sandbox {sandbox_id}: free space "
+                                                   f"under {self.paths.snapshots}", sandbox_id=sandbox_id)
+                raise errors.SandboxLost(f"checkpointing sandbox {sandbox_id} failed: {detail}",
+                                         sandbox_id=sandbox_id)
             await asyncio.to_thread(copy_tree, self._dir(sandbox_id) / "upper", self.snapshots.upper_dir(sid))
             self.snapshots.write_meta(SnapshotMeta(sid, sandbox_id, lv.image_id, lv.cpu, lv.memory_mib, lv.env,
-                                                   time.time(), internal))
-            self.store.insert_snapshot(sid, sandbox_id, lv.image_id, internal)
+                                                   time.time(), internal, lv.volumes, kind))
+            self.store.insert_snapshot(sid, sandbox_id, lv.image_id, internal, kind,
+                                       None if ttl_s is None else time.time() + ttl_s)
         except BaseException:
             await asyncio.to_thread(self.snapshots.remove, sid)
             raise
         return sid
 
+    def snapshot_in_use(self, snapshot_id: str) -> str | None:
+        """Why the snapshot cannot be deleted now, or None."""
+        if self._snapshot_users.get(snapshot_id):
+            return f"{self._snapshot_users[snapshot_id]} restore(s) of it are in progress"
+        for row in self.store.list_rows(("paused",)):
+            if row["paused_snapshot_id"] == snapshot_id:
+                return f"it holds the paused state of sandbox {row['sandbox_id']} (resume or terminate that first)"
+        return None
+
     async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Deletes a snapshot. Raises InvalidState while it is in use, SnapshotNotFound if unknown."""
         self.snapshots.meta(snapshot_id)
+        why = self.snapshot_in_use(snapshot_id)
+        if why:
+            raise errors.InvalidState(f"snapshot {snapshot_id} is in use: {why}")
+        await self._delete_snapshot_files(snapshot_id)
+
+    async def _delete_snapshot_files(self, snapshot_id: str) -> None:
         await asyncio.to_thread(self.snapshots.remove, snapshot_id)
         self.store.delete_snapshot(snapshot_id)
+
+    async def expire_snapshots(self) -> list[str]:
+        gone = []
+        for sid in self.store.expired_snapshots(time.time()):
+            if self.snapshot_in_use(sid) is None:
+                await self._delete_snapshot_files(sid)
+                gone.append(sid)
+        return gone
+
+    def list_snapshots(self) -> list[dict[str, Any]]:
+        rows = {r["snapshot_id"]: r for r in self.store.snapshot_rows()}
+        out = []
+        for meta in self.snapshots.list():
+            r = rows.get(meta.snapshot_id)
+            d = asdict(meta)
+            d["expires_at"] = r["expires_at"] if r is not None else None
+            d["in_use"] = self.snapshot_in_use(meta.snapshot_id)
+            d["size_bytes"] = self.snapshots.size_bytes(meta.snapshot_id)
+            out.append(d)
+        return out
+
+    def delete_volume(self, name: str) -> None:
+        for row in self.store.list_rows((*LIVE_STATES, "paused")):
+            if any(v["name"] == name for v in json.loads(row["volumes"] or "[]")):
+                raise errors.InvalidState(f"volume {name!r} is mounted by sandbox {row['sandbox_id']}; "
+                                          "terminate it first")
+        self.volumes.delete(name)
 
     async def fork(self, sandbox_id: str, count: int, keep_warm_seconds: float | None = 600) -> list[dict[str, Any]]:
         """`count` live copies from one capture; a failed copy is an error entry in its slot."""
@@ -402,7 +586,7 @@ class SandboxService:
                 *(self.restore(sid, keep_warm_seconds=keep_warm_seconds, fork_index=i) for i in range(count)),
                 return_exceptions=True)
         finally:
-            await self.delete_snapshot(sid)
+            await self._delete_snapshot_files(sid)
         out: list[dict[str, Any]] = []
         for r in results:
             if isinstance(r, errors.RollboxError):
@@ -414,7 +598,7 @@ class SandboxService:
         return out
 
     async def create_image_from_filesystem(self, sandbox_id: str) -> str:
-        lv = self._live(sandbox_id)
+        lv = await self._running(sandbox_id)
         meta = await asyncio.to_thread(self.images.create_from_upper, self._dir(sandbox_id) / "upper", lv.image_id)
         return meta.image_id
 
@@ -439,10 +623,21 @@ class SandboxService:
         self.reaper.start()
         reattached = cleaned = 0
         running = set(await self.runsc.list_ids())
+        for row in self.store.list_rows(("paused",)):
+            try:
+                self.snapshots.meta(row["paused_snapshot_id"] or "sn-missing")
+            except (errors.SnapshotNotFound, errors.InvalidArgument):
+                self.store.update_sandbox(row["sandbox_id"], state="terminated", ended_at=time.time(),
+                                          exit_reason="lost", paused_snapshot_id=None)
         for row in self.store.list_rows(LIVE_STATES):
             sid = row["sandbox_id"]
             cid = container_id(sid)
             ok = False
+            if row["state"] == "terminating":
+                await self._teardown_host(sid)
+                self.store.update_sandbox(sid, state="terminated")
+                cleaned += 1
+                continue
             if cid in running:
                 ch = AgentChannel(sid, self._dir(sid) / "in", self._dir(sid) / "out")
                 try:
@@ -452,7 +647,8 @@ class SandboxService:
                 except (errors.RollboxError, OSError):
                     ch.close("unreachable after a daemon restart")
             if ok:
-                lv = Live(sid, ch, row["image_id"], row["cpu"], row["memory_mib"], {}, row["keep_warm_seconds"])
+                lv = Live(sid, ch, row["image_id"], row["cpu"], row["memory_mib"], {}, row["keep_warm_seconds"],
+                          volumes=json.loads(row["volumes"] or "[]"))
                 self.live[sid] = lv
                 ch.on_lost = lambda reason, sid=sid: self._on_lost(sid, reason)
                 lv.pid = self._find_sandbox_pid(cid)
@@ -476,5 +672,5 @@ class SandboxService:
             cgroups.remove(cid, self.cg)
         for meta in self.snapshots.list():
             if meta.internal:
-                await self.delete_snapshot(meta.snapshot_id)
+                await self._delete_snapshot_files(meta.snapshot_id)
         return {"reattached": reattached, "cleaned": cleaned}

@@ -12,6 +12,7 @@ processes find the filesystem they left.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +31,8 @@ class SnapshotMeta:
     env: dict[str, str] = field(default_factory=dict)
     created_at: float = 0.0
     internal: bool = False  # made by fork(); removed when the forks are up
+    volumes: list[dict[str, str]] = field(default_factory=list)  # [{"name", "mount_path"}]
+    kind: str = "memory"  # memory | pause | fork
 
 
 def new_snapshot_id() -> str:
@@ -62,6 +65,16 @@ class SnapshotStore:
             return SnapshotMeta(**json.loads((self.dir(snapshot_id) / "meta.json").read_text()))
         except FileNotFoundError:
             raise SnapshotNotFound(f"snapshot {snapshot_id!r} not found: list them with `rollbox snapshot ls`") from None
+
+    def size_bytes(self, snapshot_id: str) -> int:
+        total = 0
+        for root, _dirs, files in os.walk(self.dir(snapshot_id)):
+            for f in files:
+                try:
+                    total += os.lstat(os.path.join(root, f)).st_size
+                except OSError:
+                    pass
+        return total
 
     def remove(self, snapshot_id: str) -> None:
         remove_tree(self.dir(snapshot_id))

@@ -69,12 +69,14 @@ def test_usage(store):
     assert set(u) == {"sb-done", "sb-live"}
     done = u["sb-done"]
     assert done["running"] is False
-    assert done["seconds"] == pytest.approx(10)
-    assert done["cpu_seconds"] == pytest.approx(20)
-    assert done["mib_seconds"] == pytest.approx(2560)
+    assert done["wall_s"] == pytest.approx(10)
+    assert done["run_s"] == pytest.approx(10)
+    assert done["reserved_cpu_seconds"] == pytest.approx(20)
+    assert done["reserved_gib_seconds"] == pytest.approx(2.5)
     live = u["sb-live"]
     assert live["running"] is True
-    assert live["seconds"] == pytest.approx(50, abs=5)
+    assert live["wall_s"] == pytest.approx(50, abs=5)
+    assert live["run_s"] == pytest.approx(50, abs=5)
     assert [x["sandbox_id"] for x in store.usage()] == ["sb-done", "sb-live"]
 
 

@@ -347,9 +347,11 @@ OPS = {
 
 def handle(req):
     rid = req.get("id")
+    t0 = time.monotonic()
     try:
         fn = OPS[req["op"]]
         res = fn(req)
+        res["agent_s"] = time.monotonic() - t0
         res["id"] = rid
         res["ok"] = True
     except FileNotFoundError as e:

@@ -1,0 +1,80 @@
+"""Volume: a named persistent directory shared read-write by every sandbox that mounts it.
+
+    vol = Volume(name="trajectories", mount_path="/data")
+    sb = Sandbox(volumes=[vol]).create()          # created on first use
+    sb.exec("sh", "-c", "echo step1 > /data/ep0.txt")
+    vol.read_file("/ep0.txt")                     # from the host, through the daemon
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..client.transport import Client
+from ..types import FileEntry
+from ._aio import synchronized
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A named volume and where sandboxes see it.
+
+    Args:
+        name: 1-63 characters of [a-z0-9._-]; the volume is created on first use.
+        mount_path: absolute path inside the sandbox (e.g. "/data"); not "/", /proc, /dev, /sys.
+
+    Host-side methods take paths relative to the volume root ("/ep0.txt" = <mount_path>/ep0.txt)
+    and never leave the volume (`..` and outward symlinks raise InvalidArgument).
+    """
+
+    name: str
+    mount_path: str = "/data"
+    client: Client | None = field(default=None, compare=False, repr=False)
+
+    def _c(self) -> Client:
+        from .sandbox import default_client
+        return self.client or default_client()
+
+    def to_wire(self) -> dict[str, str]:
+        return {"name": self.name, "mount_path": self.mount_path}
+
+    def _call(self, op: str, body: dict[str, Any]) -> Any:
+        return self._c().request("POST", f"/volumes/{self.name}/files/{op}", json=body)
+
+    @synchronized
+    def create(self) -> "Volume":
+        """Creates the volume now (it is also created when a sandbox first mounts it)."""
+        self._c().request("PUT", f"/volumes/{self.name}")
+        return self
+
+    @synchronized
+    def write_file(self, path: str, data: bytes | str) -> None:
+        """Writes a file into the volume from the host (atomic rename; creates parents)."""
+        raw = data.encode() if isinstance(data, str) else data
+        self._call("write", {"path": path, "data": base64.b64encode(raw).decode()})
+
+    @synchronized
+    def read_file(self, path: str) -> bytes:
+        """Raises NotFound when there is no such file."""
+        return base64.b64decode(self._call("read", {"path": path})["data"])
+
+    @synchronized
+    def list_files(self, path: str = "/") -> list[FileEntry]:
+        return [FileEntry(**e) for e in self._call("list", {"path": path})["entries"]]
+
+    @synchronized
+    def remove(self, path: str) -> None:
+        self._call("remove", {"path": path})
+
+    @synchronized
+    def delete(self) -> None:
+        """Deletes the volume and its files. Raises InvalidState while a sandbox mounts it."""
+        self._c().request("DELETE", f"/volumes/{self.name}")
+
+    @staticmethod
+    def list(client: Client | None = None) -> list[dict[str, Any]]:
+        """Every volume: name, host path, size in bytes, file count."""
+        from .sandbox import default_client
+        return list((client or default_client()).request("GET", "/volumes"))

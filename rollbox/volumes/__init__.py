@@ -1,0 +1,1 @@
+"""Named volumes: host directories bind-mounted read-write into every sandbox that names them."""
