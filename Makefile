@@ -29,7 +29,7 @@ base-image: host venv
 demo: setup
 	$(VENV)/bin/rollbox demo humaneval
 
-doctor: venv
+doctor: $(STAMPS)/venv
 	$(VENV)/bin/rollbox doctor
 
 test: setup

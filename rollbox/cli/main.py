@@ -40,23 +40,29 @@ def serve() -> None:
 
 
 @app.command()
-def ps(all: bool = typer.Option(False, "--all", "-a", help="include ended sandboxes")) -> None:  # noqa: A002
+def ps(all: bool = typer.Option(False, "--all", "-a", help="include ended sandboxes"),  # noqa: A002
+       limit: int = typer.Option(50, help="with --all: newest N rows (0: all)")) -> None:
     """List sandboxes."""
     rows = _client().request("GET", "/sandboxes", params={"all": all})
-    print(f"{'SANDBOX':<28} {'STATE':<11} {'IMAGE':<22} {'CPU':>4} {'MEM':>6} {'AGE':>8}  REASON")
+    if all and limit and len(rows) > limit:
+        print(f"(showing the newest {limit} of {len(rows)}; --limit 0 for all)")
+        rows = rows[-limit:]
+    print(f"{'SANDBOX':<28} {'STATE':<11} {'IMAGE':<28} {'CPU':>4} {'MiB':>6} {'AGE':>6}  REASON")
     now = time.time()
     for r in rows:
-        print(f"{r['sandbox_id']:<28} {r['state']:<11} {r['image_id'][:22]:<22} {r['cpu']:>4} {r['memory_mib']:>6} "
-              f"{now - r['created_at']:>7.0f}s  {r.get('exit_reason') or ''}")
+        print(f"{r['sandbox_id']:<28} {r['state']:<11} {r['image_id']:<28} {r['cpu']:>4} {r['memory_mib']:>6} "
+              f"{_age(now - r['created_at']):>6}  {r.get('exit_reason') or ''}")
 
 
 @app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def exec_(sandbox_id: str, cmd: list[str] = typer.Argument(..., help="command after --"),
-          timeout: Optional[float] = typer.Option(None, help="seconds")) -> None:
+          timeout: Optional[float] = typer.Option(None, help="seconds; default: no limit")) -> None:
     """Run a command in a sandbox: rollbox exec ID -- CMD..."""
     from ..sdk.sandbox import Sandbox
     sb = Sandbox().connect(sandbox_id)
-    r = sb.exec(*cmd, timeout=timeout)
+    # Piped stdin is passed on; a terminal's is not (the command gets a closed stdin).
+    stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer.read()
+    r = sb.exec(*cmd, timeout=timeout, stdin=stdin or None)
     sys.stdout.buffer.write(r.stdout)
     sys.stderr.buffer.write(r.stderr)
     if r.timed_out:
@@ -65,12 +71,24 @@ def exec_(sandbox_id: str, cmd: list[str] = typer.Argument(..., help="command af
     raise typer.Exit(r.exit_code if r.exit_code is not None else 1)
 
 
+def _each(ids: list[str], fn) -> None:  # type: ignore[no-untyped-def]
+    """Applies fn to every id, reporting failures and going on; exits 2 if any failed."""
+    failed = 0
+    for i in ids:
+        try:
+            fn(i)
+            print(i)
+        except errors.RollboxError as e:
+            print(f"rollbox: {i}: {type(e).__name__}: {e}", file=sys.stderr)
+            failed += 1
+    if failed:
+        raise typer.Exit(2)
+
+
 @app.command()
 def rm(sandbox_ids: list[str]) -> None:
-    """Terminate sandboxes."""
-    for sid in sandbox_ids:
-        _client().request("DELETE", f"/sandboxes/{sid}")
-        print(sid)
+    """Terminate sandboxes (all given ids are tried; exit 2 if any failed)."""
+    _each(sandbox_ids, lambda i: _client().request("DELETE", f"/sandboxes/{i}"))
 
 
 @app.command()
@@ -209,10 +227,28 @@ def image_build_base() -> None:
     print(f"{image_id} ready ({time.monotonic() - t:.1f} s)")
 
 
+def _age(seconds: float) -> str:
+    """3s, 5m, 2h, 4d: the largest whole unit."""
+    s = int(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
 @image_app.command("ls")
 def image_ls() -> None:
+    """List images (the base image and those made from sandbox filesystems)."""
+    now = time.time()
+    print(f"{'IMAGE':<28} {'KIND':<11} {'PARENT':<28} {'AGE':>6}")
     for m in _client().request("GET", "/images"):
-        print(json.dumps(m))
+        print(f"{m['image_id']:<28} {m['kind']:<11} {m['parent'] or '-':<28} {_age(now - m['created_at']):>6}")
+
+
+@image_app.command("rm")
+def image_rm(image_ids: list[str]) -> None:
+    """Delete images (refused while a sandbox, snapshot or child image uses one)."""
+    _each(image_ids, lambda i: _client().request("DELETE", f"/images/{i}"))
 
 
 @snapshot_app.command("ls")
@@ -228,9 +264,8 @@ def snapshot_ls() -> None:
 
 @snapshot_app.command("rm")
 def snapshot_rm(snapshot_ids: list[str]) -> None:
-    for sid in snapshot_ids:
-        _client().request("DELETE", f"/snapshots/{sid}")
-        print(sid)
+    """Delete snapshots (refused while one is in use)."""
+    _each(snapshot_ids, lambda i: _client().request("DELETE", f"/snapshots/{i}"))
 
 
 @demo_app.command("humaneval")

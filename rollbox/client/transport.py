@@ -9,6 +9,7 @@ outlive the client process.
 from __future__ import annotations
 
 import fcntl
+import json as _json
 import os
 import subprocess
 import sys
@@ -120,6 +121,12 @@ class Client:
     def request(self, method: str, path: str, json: Any = None, params: dict[str, Any] | None = None) -> Any:
         """Sends one request; returns the decoded JSON body or raises the daemon's typed error."""
         self.ensure_daemon()
+        if json is not None:
+            try:
+                _json.dumps(json, allow_nan=False)
+            except (ValueError, TypeError) as e:
+                raise errors.InvalidArgument(f"invalid argument for {path}: {e} (numbers must be finite; "
+                                             "values must be JSON-serialisable)") from None
         try:
             try:
                 resp = self._http.request(method, path, json=json, params=params)

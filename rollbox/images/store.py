@@ -53,7 +53,8 @@ class ImageStore:
         try:
             return ImageMeta(**json.loads((d / "meta.json").read_text()))
         except FileNotFoundError:
-            hint = " (build it with `rollbox image build-base`)" if image_id == DEBIAN_IMAGE_ID else ""
+            hint = (" (build it with `rollbox image build-base`)" if image_id == DEBIAN_IMAGE_ID
+                    else ": list images with `rollbox image ls`")
             raise ImageNotFound(f"image {image_id!r} not found{hint}") from None
 
     def layers(self, image_id: str) -> list[Path]:
@@ -102,6 +103,14 @@ class ImageStore:
             remove_tree(d)
             raise
         return meta
+
+    def children(self, image_id: str) -> list[str]:
+        return [m.image_id for m in self.list() if m.parent == image_id]
+
+    def delete(self, image_id: str) -> None:
+        """Removes an image's layer. The caller checks that nothing uses it."""
+        self.meta(image_id)
+        remove_tree(self._dir(image_id))
 
     def list(self) -> list[ImageMeta]:
         out = []

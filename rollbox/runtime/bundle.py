@@ -42,6 +42,7 @@ class BundleSpec:
     env: dict[str, str] = field(default_factory=dict)
     agent_dir: Path = AGENT_DIR
     pids: int = 4096
+    nproc: int = 512
     # (host directory, path in the sandbox): named volumes, bind-mounted read-write.
     binds: tuple[tuple[str, str], ...] = ()
 
@@ -59,7 +60,11 @@ def oci_spec(spec: BundleSpec) -> dict[str, object]:
             "env": [f"{k}={v}" for k, v in env.items()],
             "cwd": "/",
             "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},
-            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536}],
+            # NPROC bounds a fork bomb inside gVisor (it counts the sandbox's tasks; at 1024 a bash
+            # bomb starved the agent on one core, at 512 it did not); the agent
+            # needs ~40 threads itself. No CAP_SYS_RESOURCE, so it cannot be raised.
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536},
+                        {"type": "RLIMIT_NPROC", "hard": spec.nproc, "soft": spec.nproc}],
         },
         "root": {"path": str(spec.rootfs), "readonly": False},
         "hostname": spec.hostname,

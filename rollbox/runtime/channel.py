@@ -6,12 +6,17 @@ the daemon can close and reopen its ends (a daemon restart) without the agent se
 The daemon opens its own file descriptions (gVisor makes the ones it was handed
 non-blocking, and flags are per description).
 
-Frame: 4-byte big-endian length + UTF-8 JSON object; requests and replies match on `id`.
+Frame: 4-byte big-endian length + payload; requests and replies match on `id`. A request is a
+UTF-8 JSON object; a reply is HMAC-SHA256(key, json) + json, with the per-sandbox key the
+agent read (and deleted) at boot. A reply that fails the check was written into the channel by
+a process inside the sandbox: the channel is then `corrupted` and the sandbox is ended.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import itertools
 import json
 import os
@@ -23,6 +28,7 @@ from typing import Any, Callable
 from ..errors import RollboxError, SandboxLost
 
 _HDR = struct.Struct(">I")
+MAC_LEN = 32
 MAX_FRAME = 512 * 1024 * 1024
 
 
@@ -50,8 +56,10 @@ def open_for_sandbox(fifo_in: Path, fifo_out: Path) -> tuple[int, int]:
 class AgentChannel:
     """Request/reply over the FIFOs. One per live sandbox; all methods run on one event loop."""
 
-    def __init__(self, sandbox_id: str, fifo_in: Path, fifo_out: Path) -> None:
+    def __init__(self, sandbox_id: str, fifo_in: Path, fifo_out: Path, key: bytes = b"") -> None:
         self.sandbox_id = sandbox_id
+        self.key = key
+        self.corrupted = False
         self._fifo_in = fifo_in
         self._fifo_out = fifo_out
         self._in_fd = -1
@@ -93,13 +101,19 @@ class AgentChannel:
         self._buf += chunk
         while len(self._buf) >= 4:
             (n,) = _HDR.unpack_from(self._buf)
-            if n > MAX_FRAME:
-                self.fail(f"the agent sent a {n}-byte frame, over the {MAX_FRAME}-byte limit")
+            if n > MAX_FRAME or n < MAC_LEN:
+                self.corrupted = True
+                self.fail(f"the channel carried a {n}-byte frame: something inside the sandbox wrote into it")
                 return
             if len(self._buf) < 4 + n:
                 break
-            body = bytes(self._buf[4:4 + n])
+            mac = bytes(self._buf[4:4 + MAC_LEN])
+            body = bytes(self._buf[4 + MAC_LEN:4 + n])
             del self._buf[:4 + n]
+            if not hmac.compare_digest(mac, hmac.new(self.key, body, hashlib.sha256).digest()):
+                self.corrupted = True
+                self.fail("a reply failed authentication: something inside the sandbox wrote into the agent channel")
+                return
             try:
                 msg = json.loads(body)
             except ValueError:

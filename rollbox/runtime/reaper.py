@@ -67,8 +67,9 @@ class Reaper:
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
 
-    def watch(self, pid: int, on_exit: Callable[[], None]) -> bool:
-        """Calls `on_exit` (on the loop) once `pid` exits, and reaps it if it is our child."""
+    def watch(self, pid: int, on_exit: Callable[[int | None], None]) -> bool:
+        """Calls `on_exit(wait_status)` (on the loop) once `pid` exits, reaping it if it is our
+        child; the status is None when it was not (then it cannot be known)."""
         assert self._loop is not None
         try:
             fd = os.pidfd_open(pid)
@@ -81,11 +82,13 @@ class Reaper:
             self._loop.remove_reader(fd)
             os.close(fd)
             self._watched.pop(pid, None)
+            status: int | None = None
             try:
-                os.waitpid(pid, os.WNOHANG)
+                got, st = os.waitpid(pid, os.WNOHANG)
+                status = st if got else None
             except ChildProcessError:
                 pass
-            on_exit()
+            on_exit(status)
 
         self._loop.add_reader(fd, fire)
         return True

@@ -16,6 +16,9 @@ A sandbox is never reused: a failed one is discarded with its episode attempt.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import math
+import numbers
+import secrets
 import sys
 import threading
 import time
@@ -32,8 +35,9 @@ def reward_of(value: Any) -> float | None:
     """bool → 1.0/0.0; a number → float; a dict with 'reward' → that; otherwise None."""
     if isinstance(value, bool):
         return 1.0 if value else 0.0
-    if isinstance(value, (int, float)):
-        return float(value)
+    if isinstance(value, numbers.Real):  # int, float, numpy scalars
+        r = float(value)
+        return r if math.isfinite(r) else None
     if isinstance(value, dict) and "reward" in value:
         return reward_of(value["reward"])
     return None
@@ -58,7 +62,13 @@ class SandboxPool:
         self.max_concurrency = max_concurrency
         self.keep_warm_seconds = keep_warm_seconds
         self._client = client or default_client()
-        self._reaper = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="rollbox-teardown")
+        self._reaper = cf.ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="rollbox-teardown")
+        # Held from a sandbox's restore until its teardown is done: at most `max_concurrency`
+        # sandboxes exist at once, even while results stream out ahead of teardowns.
+        self._slots = threading.BoundedSemaphore(max_concurrency)
+        # Every episode sandbox carries this tag, so close() can find one whose create reply
+        # was lost (a daemon crash mid-request) and would otherwise live until its TTL.
+        self.pool_id = secrets.token_hex(8)
 
     def __enter__(self) -> "SandboxPool":
         return self
@@ -67,7 +77,17 @@ class SandboxPool:
         self.close()
 
     def close(self) -> None:
+        """Waits for teardowns in flight, then terminates any sandbox of this pool still alive."""
         self._reaper.shutdown(wait=True)
+        try:
+            for info in self._client.request("GET", "/sandboxes"):
+                if isinstance(info, dict) and info.get("tags", {}).get("rollbox.pool") == self.pool_id:
+                    try:
+                        self._client.request("DELETE", f"/sandboxes/{info['sandbox_id']}")
+                    except errors.RollboxError:
+                        pass
+        except errors.RollboxError:
+            pass
 
     def _terminate_later(self, sb: SandboxInstance) -> None:
         def go() -> None:
@@ -75,19 +95,26 @@ class SandboxPool:
                 sb.terminate()
             except errors.RollboxError:
                 pass
+            finally:
+                self._slots.release()
         self._reaper.submit(go)
 
     def _attempt(self, fn: Callable[[SandboxInstance, Any], Any], task: Any, timeout: float | None
                  ) -> tuple[str, Any, str | None, SandboxInstance | None, float | None, bool]:
         """One attempt on one fresh sandbox: (status, value, error, sandbox, ttfc_ms, retryable)."""
+        self._slots.acquire()
         t0 = time.monotonic()
         try:
-            sb = Sandbox(keep_warm_seconds=self.keep_warm_seconds, client=self._client
-                         ).create_from_memory_snapshot(self.snapshot_id)
+            sb = Sandbox(keep_warm_seconds=self.keep_warm_seconds, client=self._client,
+                         tags={"rollbox.pool": self.pool_id}).create_from_memory_snapshot(self.snapshot_id)
         except errors.RollboxError as e:
+            self._slots.release()
             if isinstance(e, (errors.SnapshotNotFound, errors.InvalidArgument)):
                 raise
             return "infra_error", None, f"{type(e).__name__}: {e}", None, None, True
+        except BaseException:
+            self._slots.release()
+            raise
         ttfc_ms = (time.monotonic() - t0) * 1000
         box: dict[str, Any] = {}
         done = threading.Event()

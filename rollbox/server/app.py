@@ -29,25 +29,28 @@ class VolumeMount(BaseModel):
 
 class CreateSandbox(BaseModel):
     image_id: str = Field(description="image to boot, e.g. 'im-debian-bookworm'")
-    cpu: float = Field(1.0, description="CPU cores (float)")
+    cpu: float = Field(1.0, description="CPU cores (float)", allow_inf_nan=False)
     memory: int = Field(1024, description="memory limit of the whole sandbox, MiB")
     env: dict[str, str] = Field(default_factory=dict)
-    keep_warm_seconds: float | None = Field(600, description="idle seconds before the sandbox is killed; None or <=0: never")
+    keep_warm_seconds: float | None = Field(600, description="idle seconds before the sandbox is killed; None or <=0: never",
+                                           allow_inf_nan=False)
     volumes: list[VolumeMount] = Field(default_factory=list)
     tags: dict[str, str] = Field(default_factory=dict, description="labels for usage accounting")
 
 
 class RestoreSnapshot(BaseModel):
-    keep_warm_seconds: float | None = 600
+    keep_warm_seconds: float | None = Field(600, allow_inf_nan=False)
     tags: dict[str, str] = Field(default_factory=dict)
 
 
 class SnapshotRequest(BaseModel):
-    ttl: float | None = Field(None, description="seconds before the store deletes it; None keeps it")
+    ttl: float | None = Field(None, description="seconds before the store deletes it; None keeps it",
+                              allow_inf_nan=False)
 
 
 class UpdateSandbox(BaseModel):
-    keep_warm_seconds: float | None = Field(description="idle seconds before expiry; None or <= 0: never")
+    keep_warm_seconds: float | None = Field(description="idle seconds before expiry; None or <= 0: never",
+                                            allow_inf_nan=False)
 
 
 class VolumeWrite(BaseModel):
@@ -60,8 +63,9 @@ class ExecRequest(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
     stdin: str | None = Field(None, description="base64 bytes for stdin; None closes stdin at once")
-    timeout: float | None = Field(None, description="seconds; None = no limit")
-    max_output: int | None = Field(None, description="bytes kept per stream; the rest is dropped (truncated=true)")
+    timeout: float | None = Field(None, description="seconds; None = no limit", gt=0, allow_inf_nan=False)
+    max_output: int | None = Field(None, description="bytes kept per stream (<= 64 MiB); the rest is dropped "
+                                   "(truncated=true)", ge=0, le=64 * 1024 * 1024)
 
 
 class WriteFile(BaseModel):
@@ -76,7 +80,7 @@ class PathRequest(BaseModel):
 
 class ForkRequest(BaseModel):
     count: int = Field(ge=1, le=1024)
-    keep_warm_seconds: float | None = 600
+    keep_warm_seconds: float | None = Field(600, allow_inf_nan=False)
 
 
 def create_app(service: SandboxService) -> FastAPI:
@@ -87,11 +91,17 @@ def create_app(service: SandboxService) -> FastAPI:
     async def _rollbox_error(_req: Request, exc: errors.RollboxError) -> JSONResponse:
         return JSONResponse(status_code=exc.status, content=exc.to_wire())
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return JSONResponse(status_code=500, content={"code": "internal", "message": f"{type(exc).__name__}: {exc}",
-                                                      "sandbox_id": None})
+    @app.middleware("http")
+    async def _unexpected(request: Request, call_next: Any) -> Any:
+        # Starlette's own 500 path re-raises and the server drops the connection, which the
+        # client would see as a lost daemon; answer a typed 500 on the same connection instead.
+        try:
+            return await call_next(request)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("unhandled error in %s %s", request.method, request.url.path)
+            return JSONResponse(status_code=500, content={"code": "internal",
+                                                          "message": f"{type(exc).__name__}: {exc}",
+                                                          "sandbox_id": None})
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -197,6 +207,11 @@ def create_app(service: SandboxService) -> FastAPI:
     @app.get("/images/{image_id}")
     async def get_image(image_id: str) -> dict[str, Any]:
         return asdict(service.images.meta(image_id))
+
+    @app.delete("/images/{image_id}")
+    async def delete_image(image_id: str) -> dict[str, Any]:
+        await asyncio.to_thread(service.delete_image, image_id)
+        return {"deleted": image_id}
 
     @app.get("/usage")
     async def usage() -> list[dict[str, Any]]:

@@ -41,13 +41,16 @@ def _lock(paths: Paths) -> IO[str]:
     return f
 
 
-async def _watchdog(service: SandboxService, interval_s: float = 1.0) -> None:
+async def _watchdog(service: SandboxService, interval_s: float = 1.0, sample_every: int = 5) -> None:
+    n = 0
     while True:
         await asyncio.sleep(interval_s)
+        n += 1
         try:
             await service.expire_idle()
             await service.expire_snapshots()
-            service.sample_usage()
+            if n % sample_every == 0:
+                service.sample_usage()
             service.reaper.sweep()
         except Exception:  # noqa: BLE001 - the watchdog must outlive any one failure
             log.exception("watchdog pass failed")

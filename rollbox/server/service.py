@@ -45,7 +45,17 @@ AGENT_ERRORS: dict[str, type[errors.RollboxError]] = {
     "is_a_directory": errors.InvalidArgument,
     "not_a_directory": errors.InvalidArgument,
     "permission_denied": errors.InvalidArgument,
+    "invalid_argument": errors.InvalidArgument,
 }
+
+
+ARG_MAX = 1024 * 1024  # bytes of argv + env per exec (Linux's default ARG_MAX is 2 MiB)
+
+
+def check_env(env: dict[str, str]) -> None:
+    for k, v in env.items():
+        if not k or "=" in k or "\0" in k or "\0" in v:
+            raise errors.InvalidArgument(f"environment variable name {k!r} is invalid: no '=', no NUL, not empty")
 
 
 def new_sandbox_id() -> str:
@@ -73,6 +83,7 @@ class Live:
     exit_reason: str | None = None
     busy: int = 0
     volumes: list[dict[str, str]] = field(default_factory=list)
+    key: bytes = b""
 
 
 class SandboxService:
@@ -91,6 +102,9 @@ class SandboxService:
         # Snapshot id -> restores in flight (a snapshot in use cannot be deleted).
         self._snapshot_users: dict[str, int] = {}
         self.volumes = VolumeStore(paths.volumes)
+        # Restores and boots are CPU-bound: a bounded number at once keeps each one fast and
+        # a fork(1024) from starting a thousand runsc processes together.
+        self._boots = asyncio.Semaphore(max(2, 2 * (os.cpu_count() or 1)))
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---- helpers -------------------------------------------------------------------------
@@ -110,6 +124,9 @@ class SandboxService:
             raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found: list sandboxes with `rollbox ps`",
                                          sandbox_id=sandbox_id)
         reason = (lv.exit_reason if lv else None) or (row["exit_reason"] if row else None) or "terminated"
+        if reason in ("init_exited", "channel_corrupted"):
+            raise errors.SandboxTerminated(f"sandbox {sandbox_id} ended ({reason}): a process inside it broke its init "
+                                           "(the rollbox agent); create a new one", sandbox_id=sandbox_id)
         if reason in ("exited", "lost"):
             # It died without being asked to: an infrastructure fault, retryable elsewhere.
             raise errors.SandboxLost(f"sandbox {sandbox_id} died unexpectedly ({reason}); retry on a new sandbox",
@@ -138,7 +155,8 @@ class SandboxService:
     def info(self, sandbox_id: str) -> SandboxInfo:
         row = self.store.get_row(sandbox_id)
         if row is None:
-            raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found", sandbox_id=sandbox_id)
+            raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found: list sandboxes with `rollbox ps -a`",
+                                         sandbox_id=sandbox_id)
         return self.store.sandbox_info(row)
 
     def list(self, all_states: bool = False) -> list[SandboxInfo]:
@@ -147,7 +165,11 @@ class SandboxService:
 
     # ---- boot ----------------------------------------------------------------------------
 
-    async def _boot(self, *, sandbox_id: str, image_id: str, cpu: float, memory_mib: int,
+    async def _boot(self, **kw: Any) -> SandboxInfo:
+        async with self._boots:
+            return await self._boot_now(**kw)
+
+    async def _boot_now(self, *, sandbox_id: str, image_id: str, cpu: float, memory_mib: int,
                     env: dict[str, str], keep_warm_seconds: float | None,
                     snapshot: SnapshotMeta | None = None, fork_index: int | None = None,
                     volumes: list[dict[str, str]] | None = None, tags: dict[str, str] | None = None,
@@ -157,10 +179,15 @@ class SandboxService:
             volumes = snapshot.volumes  # a restore must mount exactly what was captured
         volumes = list(volumes or [])
         binds = tuple((str(self.volumes.ensure(v["name"])), v["mount_path"]) for v in volumes)
-        if cpu <= 0 or cpu > (os.cpu_count() or 1) * 4:
-            raise errors.InvalidArgument(f"cpu={cpu} is out of range: give cores as a float in (0, {(os.cpu_count() or 1) * 4}]")
+        max_cpu = (os.cpu_count() or 1) * 4
+        if not (0.01 <= cpu <= max_cpu):  # also false for NaN
+            raise errors.InvalidArgument(f"cpu={cpu} is out of range: give cores as a float in [0.01, {max_cpu}]")
         if memory_mib < 128:
             raise errors.InvalidArgument(f"memory={memory_mib} MiB is too small: gVisor itself needs ~100 MiB; give at least 128")
+        host_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+        if memory_mib > host_mib:
+            raise errors.InvalidArgument(f"memory={memory_mib} MiB is more than this host has ({host_mib} MiB)")
+        check_env(env)
         if disk_free_bytes(self.paths.home) < MIN_FREE_DISK:
             raise errors.ResourceExhausted(
                 f"less than {MIN_FREE_DISK >> 20} MiB free under {self.paths.home}: remove snapshots or images, or free disk")
@@ -168,10 +195,18 @@ class SandboxService:
         cid = container_id(sandbox_id)
         d = self._dir(sandbox_id)
         d.mkdir(parents=True)
-        channel = AgentChannel(sandbox_id, d / "in", d / "out")
+        key = bytes.fromhex(snapshot.agent_key) if snapshot is not None else secrets.token_bytes(32)
+        channel = AgentChannel(sandbox_id, d / "in", d / "out", key)
         try:
             if snapshot is not None:
                 await asyncio.to_thread(copy_tree, self.snapshots.upper_dir(snapshot.snapshot_id), d / "upper")
+            else:
+                # The agent reads its key from the root and deletes it before any command runs.
+                (d / "upper").mkdir(mode=0o755)
+                kf = d / "upper" / ".rollbox-key"
+                kf.write_bytes(key)
+                kf.chmod(0o600)
+            (d / "agent.key").write_bytes(key)
             await asyncio.to_thread(mount_overlay, lowers, d / "upper", d / "work", d / "rootfs")
             write_bundle(d, BundleSpec(rootfs=d / "rootfs", cgroup_path=cgroups.cgroup_path(cid, self.cg),
                                        cpu=cpu, memory_mib=memory_mib, env=env, binds=binds))
@@ -216,7 +251,7 @@ class SandboxService:
                 raise errors.SandboxLost(f"sandbox {sandbox_id} did not answer within {BOOT_TIMEOUT_S:.0f} s "
                                          f"of starting; see `rollbox doctor`", sandbox_id=sandbox_id) from None
             raise
-        lv = Live(sandbox_id, channel, image_id, cpu, memory_mib, env, keep_warm_seconds, volumes=volumes)
+        lv = Live(sandbox_id, channel, image_id, cpu, memory_mib, env, keep_warm_seconds, volumes=volumes, key=key)
         self.live[sandbox_id] = lv
         now = time.time()
         if resume:
@@ -228,10 +263,7 @@ class SandboxService:
                 memory_mib=memory_mib, keep_warm_seconds=keep_warm_seconds,
                 snapshot_id=snapshot.snapshot_id if snapshot else None, fork_index=fork_index, ttfc_ms=ttfc_ms,
                 volumes=json.dumps(volumes), tags=json.dumps(tags or {}))
-        channel.on_lost = lambda reason: self._on_lost(sandbox_id, reason)
-        lv.pid = self._find_sandbox_pid(cid)
-        if lv.pid is not None:
-            self.reaper.watch(lv.pid, lambda: self._on_lost(sandbox_id, "the sandbox process exited"))
+        self._watch(lv)
         return self.info(sandbox_id)
 
     @staticmethod
@@ -307,9 +339,7 @@ class SandboxService:
                 sid = await self.snapshot_memory(sandbox_id, kind="pause", leave_running=False, lv=lv)
             except BaseException:
                 self.live[sandbox_id] = lv
-                lv.channel.on_lost = lambda reason: self._on_lost(sandbox_id, reason)
-                if lv.pid is not None:
-                    self.reaper.watch(lv.pid, lambda: self._on_lost(sandbox_id, "the sandbox process exited"))
+                self._watch(lv, find_pid=False)
                 raise
             lv.channel.close("the sandbox was paused")
             self._record_usage(sandbox_id)
@@ -355,19 +385,74 @@ class SandboxService:
                                     cgroups.peak_memory_bytes(cid, self.cg))
 
     def sample_usage(self) -> None:
-        for sid in list(self.live):
+        """Copies cgroup counters and last-activity times into the ledger (survives restarts)."""
+        now_mono, now = time.monotonic(), time.time()
+        for sid, lv in list(self.live.items()):
             self._record_usage(sid)
+            self.store.update_sandbox(sid, last_active_at=now - (now_mono - lv.last_active))
 
     # ---- death and teardown --------------------------------------------------------------
 
-    def _on_lost(self, sandbox_id: str, reason: str) -> None:
+    def _watch(self, lv: Live, find_pid: bool = True) -> None:
+        """Notices the sandbox dying by itself: its channel closing or its process exiting."""
+        sid = lv.sandbox_id
+        lv.channel.on_lost = lambda reason: self._on_lost(sid, None, from_channel=True)
+        if find_pid:
+            lv.pid = self._find_sandbox_pid(container_id(sid))
+        if lv.pid is not None:
+            self.reaper.watch(lv.pid, lambda status: self._on_lost(sid, status))
+
+    def _on_lost(self, sandbox_id: str, status: int | None, from_channel: bool = False) -> None:
         lv = self.live.get(sandbox_id)
         if lv is None or lv.exit_reason is not None:
             return
-        lv.exit_reason = "oom" if cgroups.oom_killed(container_id(sandbox_id), self.cg) else "exited"
-        log.info("sandbox %s ended by itself (%s: %s)", sandbox_id, lv.exit_reason, reason)
+        if from_channel and lv.channel.corrupted:
+            lv.exit_reason = "channel_corrupted"
+            log.warning("sandbox %s: %s; terminating it", sandbox_id, lv.channel.closed_reason)
+            self._spawn(self.terminate(sandbox_id, reason=lv.exit_reason))
+            return
+        if from_channel and lv.pid is not None and status is None:
+            # The process watch tells how it ended; give it a moment before deciding blind.
+            async def fallback() -> None:
+                await asyncio.sleep(3.0)
+                self._on_lost(sandbox_id, None)
+            self._spawn(fallback())
+            lv.channel.fail("the sandbox closed its agent channel")
+            return
+        cid = container_id(sandbox_id)
+        if cgroups.oom_killed(cid, self.cg):
+            lv.exit_reason = "oom"
+        elif status is not None and os.WIFEXITED(status):
+            # runsc-sandbox exits with a code when the container's init (our agent) ended:
+            # something inside the sandbox killed it. A kill from outside leaves a signal.
+            lv.exit_reason = "init_exited"
+        else:
+            lv.exit_reason = "exited"
+        log.info("sandbox %s ended by itself (%s)", sandbox_id, lv.exit_reason)
         lv.channel.fail(f"the sandbox ended ({lv.exit_reason})")
         self._spawn(self.terminate(sandbox_id, reason=lv.exit_reason))
+
+    async def _loss_error(self, lv: Live) -> errors.RollboxError:
+        """The error for a request cut off by the sandbox ending: waits (briefly) for the
+        ending to be classified, then picks a retryable or final error."""
+        for _ in range(40):
+            if lv.exit_reason is not None:
+                break
+            await asyncio.sleep(0.1)
+        sid = lv.sandbox_id
+        reason = lv.exit_reason
+        if reason == "channel_corrupted":
+            return errors.SandboxTerminated(
+                f"sandbox {sid} ended: a process inside it wrote into the agent channel (a forged or "
+                "corrupt reply); the workload ended the sandbox", sandbox_id=sid)
+        if reason == "init_exited":
+            return errors.SandboxTerminated(
+                f"sandbox {sid} ended: a process inside it killed its init (the rollbox agent); "
+                "the workload ended the sandbox, this is not a platform fault", sandbox_id=sid)
+        if reason in (None, "exited", "lost"):
+            return errors.SandboxLost(f"sandbox {sid} died unexpectedly ({reason or 'unknown'}); retry on a new sandbox",
+                                      sandbox_id=sid)
+        return errors.SandboxTerminated(f"sandbox {sid} was terminated ({reason}) during the request", sandbox_id=sid)
 
     async def terminate(self, sandbox_id: str, reason: str = "terminated") -> SandboxInfo:
         """Stops the sandbox and removes all it made on the host. Idempotent."""
@@ -400,6 +485,7 @@ class SandboxService:
             return
         if lv is not None:
             reason = lv.exit_reason or reason
+            lv.exit_reason = reason
             lv.channel.close(f"the sandbox was terminated ({reason})")
         ending = row is not None and row["state"] in LIVE_STATES
         if ending:
@@ -447,20 +533,40 @@ class SandboxService:
         """Runs `argv` in the sandbox; returns the wire form of ExecResult."""
         if not argv or not all(isinstance(a, str) for a in argv):
             raise errors.InvalidArgument("exec needs a non-empty list of string arguments, e.g. exec('python3', '-c', 'print(1)')")
+        if any("\0" in a for a in argv):
+            raise errors.InvalidArgument("exec arguments cannot contain NUL bytes")
+        if sum(len(a) for a in argv) + sum(len(k) + len(v) for k, v in (env or {}).items()) > ARG_MAX:
+            raise errors.InvalidArgument(f"exec arguments and environment exceed {ARG_MAX} bytes; pass large "
+                                         "data as stdin or a file (sb.fs.write_file)")
+        check_env(env or {})
+        if stdin is not None:
+            try:
+                base64.b64decode(stdin, validate=True)
+            except ValueError:
+                raise errors.InvalidArgument("stdin must be base64-encoded bytes") from None
         if timeout is not None and timeout <= 0:
             raise errors.InvalidArgument(f"timeout={timeout} must be a positive number of seconds, or None for no limit")
         lv = await self._running(sandbox_id)
+        started = time.monotonic()
         lv.busy += 1
         try:
             reply = await lv.channel.request(
                 "exec", wait_s=None if timeout is None else timeout + 30.0, argv=argv, env=env or {}, cwd=cwd,
                 stdin=stdin, timeout=timeout, max_output=max_output or DEFAULT_MAX_OUTPUT)
-        except errors.SandboxLost:
-            await asyncio.sleep(0.05)  # let the exit watcher classify the death
+        except errors.SandboxLost as lost:
+            if lv.channel.closed_reason is None:
+                # The agent stopped answering but the sandbox lives: it is wedged (e.g. a fork
+                # bomb); end it rather than leave a sandbox that never answers again.
+                log.warning("sandbox %s did not answer an exec; terminating it", sandbox_id)
+                self._spawn(self.terminate(sandbox_id, reason="unresponsive"))
+                raise errors.SandboxLost(f"sandbox {sandbox_id} stopped answering (exec timeout + 30 s); "
+                                         "it was terminated", sandbox_id=sandbox_id) from lost
+            if lv.exit_reason is None:
+                await self._loss_error(lv)
             if lv.exit_reason == "oom" or cgroups.oom_killed(container_id(sandbox_id), self.cg):
                 return {"exit_code": 137, "oom_killed": True, "stdout": "", "stderr": "", "timed_out": False,
-                        "truncated": False, "duration_s": 0.0}
-            raise
+                        "truncated": False, "duration_s": time.monotonic() - started}
+            raise await self._loss_error(lv) from None
         finally:
             lv.busy -= 1
             lv.last_active = time.monotonic()
@@ -471,6 +577,11 @@ class SandboxService:
         lv = await self._running(sandbox_id)
         try:
             return await lv.channel.request(op, wait_s=120.0, **fields)
+        except errors.SandboxLost:
+            if lv.channel.closed_reason is None:
+                self._spawn(self.terminate(sandbox_id, reason="unresponsive"))
+                raise
+            raise await self._loss_error(lv) from None
         except AgentError as e:
             cls = AGENT_ERRORS.get(e.kind, errors.RollboxError)
             raise cls(f"{op} in sandbox {sandbox_id}: {e.message}", sandbox_id=sandbox_id) from None
@@ -520,7 +631,7 @@ class SandboxService:
                                          sandbox_id=sandbox_id)
             await asyncio.to_thread(copy_tree, self._dir(sandbox_id) / "upper", self.snapshots.upper_dir(sid))
             self.snapshots.write_meta(SnapshotMeta(sid, sandbox_id, lv.image_id, lv.cpu, lv.memory_mib, lv.env,
-                                                   time.time(), internal, lv.volumes, kind))
+                                                   time.time(), internal, lv.volumes, kind, lv.key.hex()))
             self.store.insert_snapshot(sid, sandbox_id, lv.image_id, internal, kind,
                                        None if ttl_s is None else time.time() + ttl_s)
         except BaseException:
@@ -568,6 +679,17 @@ class SandboxService:
             d["size_bytes"] = self.snapshots.size_bytes(meta.snapshot_id)
             out.append(d)
         return out
+
+    def delete_image(self, image_id: str) -> None:
+        """Deletes an image; refused (InvalidState) while a sandbox, snapshot or image uses it."""
+        self.images.meta(image_id)
+        users = [r["sandbox_id"] for r in self.store.list_rows((*LIVE_STATES, "paused")) if r["image_id"] == image_id]
+        users += [m.snapshot_id for m in self.snapshots.list() if m.image_id == image_id]
+        users += self.images.children(image_id)
+        if users:
+            raise errors.InvalidState(f"image {image_id} is used by {', '.join(users[:5])}"
+                                      f"{' and more' if len(users) > 5 else ''}; remove those first")
+        self.images.delete(image_id)
 
     def delete_volume(self, name: str) -> None:
         for row in self.store.list_rows((*LIVE_STATES, "paused")):
@@ -639,7 +761,11 @@ class SandboxService:
                 cleaned += 1
                 continue
             if cid in running:
-                ch = AgentChannel(sid, self._dir(sid) / "in", self._dir(sid) / "out")
+                try:
+                    key = (self._dir(sid) / "agent.key").read_bytes()
+                except OSError:
+                    key = b""
+                ch = AgentChannel(sid, self._dir(sid) / "in", self._dir(sid) / "out", key)
                 try:
                     ch.open()
                     await ch.request("ping", wait_s=5.0)
@@ -648,26 +774,23 @@ class SandboxService:
                     ch.close("unreachable after a daemon restart")
             if ok:
                 lv = Live(sid, ch, row["image_id"], row["cpu"], row["memory_mib"], {}, row["keep_warm_seconds"],
-                          volumes=json.loads(row["volumes"] or "[]"))
+                          volumes=json.loads(row["volumes"] or "[]"), key=key)
+                # Idle time while the daemon was down counts towards keep_warm_seconds.
+                lv.last_active = time.monotonic() - max(0.0, time.time() - row["last_active_at"])
                 self.live[sid] = lv
-                ch.on_lost = lambda reason, sid=sid: self._on_lost(sid, reason)
-                lv.pid = self._find_sandbox_pid(cid)
-                if lv.pid is not None:
-                    self.reaper.watch(lv.pid, lambda sid=sid: self._on_lost(sid, "the sandbox process exited"))
+                self._watch(lv)
                 reattached += 1
             else:
                 self.store.update_sandbox(sid, state="terminated", ended_at=time.time(), exit_reason="lost")
                 await self._teardown_host(sid)
                 cleaned += 1
         live_cids = {container_id(s) for s in self.live}
-        for cid in running - live_cids:
-            await self._teardown_host("sb-" + cid)
-            cleaned += 1
+        stale = {"sb-" + cid for cid in running - live_cids}
         if self.paths.sandboxes.is_dir():
-            for d in self.paths.sandboxes.iterdir():
-                if d.name not in self.live:
-                    await self._teardown_host(d.name)
-                    cleaned += 1
+            stale |= {d.name for d in self.paths.sandboxes.iterdir() if d.name not in self.live}
+        # In parallel: each orphan's `runsc delete` waits on the slow PID-1 reaper.
+        await asyncio.gather(*(self._teardown_host(sid) for sid in stale))
+        cleaned += len(stale)
         for cid in cgroups.leftover_ids(self.cg) - live_cids:
             cgroups.remove(cid, self.cg)
         for meta in self.snapshots.list():

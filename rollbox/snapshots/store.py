@@ -33,6 +33,7 @@ class SnapshotMeta:
     internal: bool = False  # made by fork(); removed when the forks are up
     volumes: list[dict[str, str]] = field(default_factory=list)  # [{"name", "mount_path"}]
     kind: str = "memory"  # memory | pause | fork
+    agent_key: str = ""  # hex; the restored agent keeps the key it had (it is in its memory)
 
 
 def new_snapshot_id() -> str:

@@ -196,3 +196,10 @@ def test_create_image_from_filesystem(make_sandbox) -> None:
     b = make_sandbox(image=Image.from_id(image_id), memory=256)
     assert b.fs.read_file("/work/model.txt") == b"v1"
     assert b.exec("test", "-e", "/etc/debian_version").exit_code == 1
+    client = rollbox.sdk.sandbox.default_client()
+    with pytest.raises(rollbox.InvalidState):
+        client.request("DELETE", f"/images/{image_id}")  # in use by b
+    b.terminate()
+    client.request("DELETE", f"/images/{image_id}")
+    with pytest.raises(rollbox.ImageNotFound):
+        client.request("GET", f"/images/{image_id}")

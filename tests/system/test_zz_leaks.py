@@ -11,6 +11,7 @@ from rollbox.sdk.sandbox import default_client
 
 def test_no_leftovers_after_suite(paths) -> None:
     client = default_client()
+    # This is the suite's own state directory (tests/conftest.py): everything here is ours.
     live = {s["sandbox_id"] for s in client.request("GET", "/sandboxes")}
     for sid in live:
         client.request("DELETE", f"/sandboxes/{sid}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import itertools
+import hashlib
+import hmac
 import json
 import os
 import signal
@@ -79,7 +81,7 @@ class AgentProcess:
         self.ready: dict[str, Any] | None = None
         self._reader = threading.Thread(target=self._read_loop, daemon=True)
         self._reader.start()
-        self.ready = self.wait_reply("ready", timeout=10)
+        self.ready = self.wait_reply("ready", timeout=60)
 
     # ---- framing --------------------------------------------------------------------
 
@@ -103,6 +105,9 @@ class AgentProcess:
                 body = self._read_exact(n)
                 if body is None:
                     break
+                # Replies are HMAC-SHA256 (32 bytes, empty key on the host: no key file) + JSON.
+                mac, body = body[:32], body[32:]
+                assert hmac.compare_digest(mac, hmac.new(b"", body, hashlib.sha256).digest())
                 msg = json.loads(body)
                 key = "ready" if msg.get("event") == "ready" else msg.get("id")
                 with self._cond:
@@ -125,7 +130,7 @@ class AgentProcess:
             self.proc.stdin.flush()
         return rid
 
-    def wait_reply(self, rid: Any, timeout: float = 10.0) -> dict[str, Any]:
+    def wait_reply(self, rid: Any, timeout: float = 60.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         with self._cond:
             while rid not in self._replies:
@@ -141,7 +146,7 @@ class AgentProcess:
         with self._cond:
             return list(self._arrival)
 
-    def request(self, op: str, timeout: float = 10.0, **fields: Any) -> dict[str, Any]:
+    def request(self, op: str, timeout: float = 60.0, **fields: Any) -> dict[str, Any]:
         return self.wait_reply(self.send(op, **fields), timeout)
 
     # ---- helpers -----------------------------------------------------------------------
@@ -163,7 +168,7 @@ class AgentProcess:
         return reply
 
     def mark_prefix(self) -> bytes:
-        """Every exec of this agent carries MARK=<agent pid>-<request id>."""
+        """Every exec of this agent carries MARK=<agent pid>-<random token>."""
         return f"{MARK}={self.pid}-".encode()
 
     def close(self) -> None:

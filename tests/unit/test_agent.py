@@ -175,13 +175,12 @@ def test_bad_cwd_is_an_error_reply_not_a_crash(agent, tmp_path):
 
 
 def test_long_exec_does_not_block_ping(agent):
-    long_id = agent.send_exec(["sleep", "1.5"], timeout=10)
+    # Ordering, not wall time, is the claim: the ping's reply lands before the long exec's.
+    long_id = agent.send_exec(["sleep", "3"], timeout=30)
     time.sleep(0.1)
-    t0 = time.monotonic()
-    p = agent.request("ping", timeout=5)
+    p = agent.request("ping", timeout=30)
     assert p["ok"] is True
-    assert time.monotonic() - t0 < 0.5
-    r = agent.wait_reply(long_id, timeout=10)
+    r = agent.wait_reply(long_id, timeout=30)
     assert r["exit_code"] == 0
     order = agent.arrival_order()
     assert order.index(p["id"]) < order.index(long_id)
@@ -262,7 +261,7 @@ def test_read_file_limit(agent, tmp_path):
     f.write_bytes(b"x" * 1000)
     r = agent.request("read_file", path=str(f), max_bytes=10)
     assert r["ok"] is False
-    assert r["error"] == "agent_error"
+    assert r["error"] == "invalid_argument"
 
 
 def test_identity_env_reaches_later_execs(agent):

@@ -5,7 +5,13 @@ named FIFOs. That channel survives `runsc checkpoint`/`restore` (a restored init
 caller's stdio), so a snapshot restores the agent with the processes it started, and every
 command after a restore costs a pipe round trip (~0.1 ms) instead of a `runsc exec` (~25 ms).
 
-Frame: 4-byte big-endian length, then a UTF-8 JSON object. Binary payloads are base64.
+Frame: 4-byte big-endian length, then the payload. Requests: a UTF-8 JSON object. Replies:
+a 32-byte HMAC-SHA256 of the JSON under a per-sandbox key, then the JSON. Binary data is base64.
+
+Processes in the sandbox run as root and can open /proc/1/fd/{0,1} (gVisor does not hide them
+for a non-dumpable process), so they could write frames into the channel. The MAC makes a
+forged reply (a fake "exit 0, tests passed") detectable: the key reaches the agent as a file
+that it unlinks before any user process exists, and its memory is not readable (non-dumpable).
 Requests carry an integer `id`; the reply carries the same `id`. Requests run concurrently
 (one thread each), so a long exec never blocks a ping or a file read.
 
@@ -14,12 +20,17 @@ standard library.
 """
 
 import base64
-import concurrent.futures
+import ctypes
+import hashlib
+import hmac
 import json
 import os
+import queue
+import secrets
 import select
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -39,13 +50,61 @@ _children_lock = threading.Lock()
 _waiters = {}
 _have_children = threading.Event()
 _identity = {"env": {}}
-# Threads are reused: creating one costs a clone through gVisor's kernel on every request.
-_pool = concurrent.futures.ThreadPoolExecutor(max_workers=256)
+
+
+class Workers:
+    """Threads made once at start and reused: creating one costs a clone through gVisor's
+    kernel, and under a fork bomb (RLIMIT_NPROC reached) it fails. Beyond the reserve, extra
+    threads are made when all are busy, if the kernel still allows it."""
+
+    def __init__(self, reserve):
+        self.q = queue.SimpleQueue()
+        self.idle = 0
+        self.lock = threading.Lock()
+        for _ in range(reserve):
+            self._start()
+
+    def _start(self):
+        t = threading.Thread(target=self._run, daemon=True)
+        t.start()
+        with self.lock:
+            self.idle += 1
+
+    def _run(self):
+        while True:
+            fn, args = self.q.get()
+            with self.lock:
+                self.idle -= 1
+            try:
+                fn(*args)
+            except BaseException:  # noqa: BLE001 - a worker never dies
+                pass
+            with self.lock:
+                self.idle += 1
+
+    def submit(self, fn, *args):
+        with self.lock:
+            busy = self.idle <= 0
+        if busy:
+            try:
+                self._start()
+            except RuntimeError:
+                pass  # no thread to be had: it waits for a free worker
+        self.q.put((fn, args))
+
+
+_pool = Workers(0)  # replaced with a reserve of threads by main()
+
+
+_key = {"key": b""}
+MAX_FRAME = 1024 * 1024 * 1024
+KEY_FILE = "/.rollbox-key"
 
 
 def send(msg):
     data = json.dumps(msg, separators=(",", ":")).encode()
-    frame = _HDR.pack(len(data)) + data
+    mac = hmac.new(_key["key"], data, hashlib.sha256).digest()
+    frame = _HDR.pack(len(data) + len(mac)) + mac + data
     with _out_lock:
         view = memoryview(frame)
         while view:
@@ -137,7 +196,8 @@ def op_exec(req):
     argv = req["argv"]
     timeout = req.get("timeout")
     cap = int(req.get("max_output") or DEFAULT_MAX_OUTPUT)
-    mark = "%d-%d" % (os.getpid(), req["id"])
+    # Random, not the request id: a process must not learn which reply it could try to forge.
+    mark = "%d-%s" % (os.getpid(), secrets.token_hex(12))
     env = dict(os.environ)
     env.update(_identity["env"])
     env.update(req.get("env") or {})
@@ -271,19 +331,36 @@ def op_write_file(req):
     return {"size": len(data)}
 
 
+def _abs(path):
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+        raise ValueError("path %r must be absolute, e.g. /work/a.py" % (path,))
+    return path
+
+
 def op_read_file(req):
-    path = req["path"]
+    path = _abs(req["path"])
     limit = int(req.get("max_bytes") or (64 * 1024 * 1024))
-    size = os.stat(path).st_size
-    if size > limit:
-        raise ValueError("file %s is %d bytes, over the %d-byte read limit" % (path, size, limit))
-    with open(path, "rb") as f:
-        data = f.read(limit + 1)
+    # Regular files only: reading a FIFO, a device or /proc/self/fd/0 (our own channel!)
+    # could block forever or never end.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError("%s is a directory" % path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("%s is not a regular file" % path)
+        if st.st_size > limit:
+            raise ValueError("file %s is %d bytes, over the %d-byte read limit" % (path, st.st_size, limit))
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
     return {"data": base64.b64encode(data).decode()}
 
 
 def op_list_files(req):
-    path = req["path"]
+    path = _abs(req["path"])
     out = []
     with os.scandir(path) as it:
         for e in it:
@@ -301,7 +378,9 @@ def op_list_files(req):
 
 
 def op_remove(req):
-    path = req["path"]
+    path = _abs(req["path"])
+    if os.path.normpath(path) == "/":
+        raise ValueError("refusing to remove /")
     if os.path.isdir(path) and not os.path.islink(path):
         import shutil
         shutil.rmtree(path)
@@ -362,13 +441,39 @@ def handle(req):
         res = {"id": rid, "ok": False, "error": "not_a_directory", "message": str(e)}
     except PermissionError as e:
         res = {"id": rid, "ok": False, "error": "permission_denied", "message": str(e)}
+    except ValueError as e:
+        res = {"id": rid, "ok": False, "error": "invalid_argument", "message": str(e)}
     except BaseException as e:  # noqa: BLE001 - every failure goes back as a reply
         res = {"id": rid, "ok": False, "error": "agent_error", "message": "%s: %s" % (type(e).__name__, e)}
     send(res)
 
 
+def _ignore(signum, frame):
+    """A handler, not SIG_IGN: handlers reset on exec, so commands get default dispositions."""
+
+
+def load_key():
+    try:
+        with open(KEY_FILE, "rb") as f:
+            _key["key"] = f.read()
+        os.unlink(KEY_FILE)
+    except OSError:
+        pass
+
+
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # As PID 1 we should not die of a stray signal from a process in the sandbox.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+                signal.SIGALRM):
+        signal.signal(sig, _ignore)
+    try:
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE=0: no /proc/1/mem, no ptrace
+    except (OSError, AttributeError):
+        pass
+    load_key()
+    global _pool
+    _pool = Workers(32)
     threading.Thread(target=reaper, daemon=True).start()
     send({"id": 0, "ok": True, "event": "ready", "pid": os.getpid(), "protocol": PROTOCOL})
     while True:
@@ -381,10 +486,19 @@ def main():
             time.sleep(0.1)
             continue
         (n,) = _HDR.unpack(hdr)
+        if n > MAX_FRAME:
+            # Garbage written into our stdin from inside the sandbox: the stream cannot be
+            # resynchronised. Ending makes the daemon report the sandbox as ended by its workload.
+            os._exit(3)
         body = read_exact(0, n)
         if body is None:
             continue
-        req = json.loads(body)
+        try:
+            req = json.loads(body)
+            if not isinstance(req, dict) or "op" not in req:
+                raise ValueError("not a request")
+        except ValueError:
+            continue
         _pool.submit(handle, req)
 
 

@@ -1,0 +1,73 @@
+"""Test-session set-up shared by every tier.
+
+The suite never touches the user's state: it runs its own daemon on its own state directory
+(`ROLLBOX_TEST_HOME`, default /var/lib/rollbox-test), whose base image is hard-linked from the
+user's (`ROLLBOX_HOME`, built by `make setup`) or built once. The test daemon is stopped at
+the end of the session; sandboxes and snapshots the user made are never seen.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rollbox.config import DEFAULT_HOME
+
+USER_HOME = Path(os.environ.get("ROLLBOX_HOME", DEFAULT_HOME))
+TEST_HOME = Path(os.environ.get("ROLLBOX_TEST_HOME", "/var/lib/rollbox-test"))
+os.environ["ROLLBOX_HOME"] = str(TEST_HOME)
+os.environ.pop("ROLLBOX_URL", None)
+
+
+def _provision_base_image() -> None:
+    from rollbox.config import Paths
+    from rollbox.images.debian import DEBIAN_IMAGE_ID
+    from rollbox.images.store import ImageStore
+
+    paths = Paths(TEST_HOME)
+    paths.ensure()
+    store = ImageStore(paths.images)
+    if store.exists(DEBIAN_IMAGE_ID):
+        return
+    src = USER_HOME / "images" / DEBIAN_IMAGE_ID
+    if (src / "meta.json").is_file() and USER_HOME != TEST_HOME:
+        tmp = paths.images / (DEBIAN_IMAGE_ID + ".linking")
+        subprocess.run(["rm", "-rf", str(tmp)], check=True)
+        # Hard links: the layer is read-only, so sharing inodes with the user's copy is safe.
+        res = subprocess.run(["cp", "-al", str(src), str(tmp)], capture_output=True)
+        if res.returncode == 0:
+            tmp.rename(paths.images / DEBIAN_IMAGE_ID)
+            return
+        subprocess.run(["rm", "-rf", str(tmp)], check=False)
+    store.ensure_debian()
+
+
+def _stop_test_daemon() -> None:
+    lock = TEST_HOME / "daemon.lock"
+    try:
+        pid = int(lock.read_text().strip())
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        return
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_home(request: pytest.FixtureRequest) -> Iterator[Path]:
+    needs_system = any("tests/system" in str(item.fspath) for item in request.session.items)
+    if needs_system and os.geteuid() == 0:
+        _provision_base_image()
+    yield TEST_HOME
+    if needs_system:
+        _stop_test_daemon()

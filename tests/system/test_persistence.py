@@ -1,0 +1,213 @@
+"""Volumes, the snapshot store, pause/resume, TTLs, usage, and crash recovery under load."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+import rollbox
+from rollbox import Sandbox, SandboxPool, Volume
+from rollbox.sdk.sandbox import default_client
+
+from .conftest import counter, host_traces, start_counter_server
+
+
+@pytest.fixture
+def volume():  # type: ignore[no-untyped-def]
+    vol = Volume(name=f"t-{os.getpid()}-{time.monotonic_ns() % 10**8}", mount_path="/data")
+    yield vol
+    try:
+        vol.delete()
+    except rollbox.RollboxError:
+        pass
+
+
+def test_volume_shared_by_64_sandboxes(volume) -> None:
+    src = Sandbox(memory=256, volumes=[volume]).create()
+    kids: list = []
+    try:
+        kids = src.fork(63)
+        boxes = [src, *kids]
+        assert len(boxes) == 64
+
+        def write(i_sb):  # type: ignore[no-untyped-def]
+            i, sb = i_sb
+            r = sb.exec("sh", "-c", f"for j in $(seq 1 20); do echo sb{i}-$j > /data/f-{i}-$j; done")
+            return r.exit_code
+
+        with cf.ThreadPoolExecutor(64) as ex:
+            assert set(ex.map(write, enumerate(boxes))) == {0}
+        names = {e.name for e in volume.list_files("/")}
+        assert len(names) == 64 * 20
+        assert volume.read_file("/f-17-20") == b"sb17-20\n"
+        # The last write right before terminate() is kept.
+        src.exec("sh", "-c", "echo last > /data/last.txt")
+    finally:
+        for k in kids:
+            k.terminate()
+        src.terminate()
+    assert volume.read_file("/last.txt") == b"last\n"
+
+
+def test_volume_host_api_stays_inside(volume) -> None:
+    volume.write_file("/in/x.txt", b"host")
+    sb = Sandbox(memory=256, volumes=[volume]).create()
+    try:
+        assert sb.exec("cat", "/data/in/x.txt").stdout == b"host"
+        sb.exec("ln", "-s", "/etc", "/data/escape")
+        with pytest.raises(rollbox.InvalidArgument):
+            volume.read_file("/escape/passwd")
+        with pytest.raises(rollbox.InvalidArgument):
+            volume.read_file("/../../../etc/passwd")
+        with pytest.raises(rollbox.InvalidArgument):
+            Sandbox(volumes=[Volume(name="../x", mount_path="/d")]).create()
+        with pytest.raises(rollbox.InvalidArgument):
+            Sandbox(volumes=[Volume(name="ok", mount_path="/")]).create()
+        with pytest.raises(rollbox.InvalidState):
+            volume.delete()  # mounted
+    finally:
+        sb.terminate()
+    volume.remove("/in/x.txt")
+    with pytest.raises(rollbox.NotFound):
+        volume.read_file("/in/x.txt")
+
+
+def test_snapshot_survives_daemon_restart(paths) -> None:
+    sb = Sandbox(memory=256).create()
+    try:
+        start_counter_server(sb)
+        base = counter(sb)
+        snap = sb.snapshot_memory()
+    finally:
+        sb.terminate()
+    subprocess.run([os.path.join(os.path.dirname(os.sys.executable), "rollbox"), "daemon", "stop"], check=True,
+                   capture_output=True)
+    copy = Sandbox().create_from_memory_snapshot(snap)  # the SDK starts the daemon again
+    try:
+        assert counter(copy) == base + 1
+    finally:
+        copy.terminate()
+        default_client().request("DELETE", f"/snapshots/{snap}")
+
+
+def test_pause_resume_five_times_and_branch(paths) -> None:
+    sb = Sandbox(memory=256).create()
+    try:
+        start_counter_server(sb)
+        n = counter(sb)
+        for i in range(5):
+            sb.fs.write_file(f"/work/f{i}", f"{i}".encode())
+            snap = sb.pause()
+            assert sb.info().state == "paused"
+            assert host_traces(paths, sb.sandbox_id) == []  # CPU and memory freed
+            if i == 0:
+                with pytest.raises(rollbox.InvalidState, match="in use"):
+                    default_client().request("DELETE", f"/snapshots/{snap}")
+                branches = [Sandbox().create_from_memory_snapshot(snap) for _ in range(2)]
+                assert [counter(b) for b in branches] == [n + 1, n + 1]
+                for b in branches:
+                    b.terminate()
+            sb.resume()
+            n += 1
+            assert counter(sb) == n
+            for j in range(i + 1):
+                assert sb.fs.read_file(f"/work/f{j}") == f"{j}".encode()
+        sb.pause()
+        again = Sandbox().connect(sb.sandbox_id)  # connect resumes
+        assert again.info().state == "running"
+        assert counter(again) == n + 1
+    finally:
+        sb.terminate()
+    assert host_traces(paths, sb.sandbox_id) == []
+
+
+def test_concurrent_pause_resume_terminate_is_consistent() -> None:
+    sb = Sandbox(memory=256).create()
+    results: list[object] = []
+    barrier = threading.Barrier(3)
+
+    def act(fn):  # type: ignore[no-untyped-def]
+        barrier.wait()
+        try:
+            results.append(fn())
+        except rollbox.RollboxError as e:
+            results.append(e)
+
+    threads = [threading.Thread(target=act, args=(f,)) for f in (sb.pause, sb.terminate, sb.pause)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    sb.terminate()
+    assert sb.info().state == "terminated"
+    for r in results:
+        assert r is None or isinstance(r, (str, rollbox.InvalidState, rollbox.SandboxTerminated, rollbox.SandboxLost))
+    assert [s for s in default_client().request("GET", "/snapshots") if s["source_sandbox_id"] == sb.sandbox_id
+            and s["kind"] == "pause"] == []
+
+
+def test_ttl_never_and_update_ttl() -> None:
+    sb = Sandbox(memory=256, keep_warm_seconds=-1).create()
+    try:
+        time.sleep(2.5)
+        assert sb.info().state == "running"
+        sb.update_ttl(1)
+        deadline = time.monotonic() + 15
+        while sb.info().state != "terminated" and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert sb.info().exit_reason == "keep_warm_expired"
+    finally:
+        sb.terminate()
+
+
+def test_snapshot_ttl_and_usage_ledger() -> None:
+    sb = Sandbox(memory=256, tags={"exp": "ledger"}).create()
+    try:
+        sb.exec("python3", "-c", "import time\nt=time.time()\nwhile time.time()-t<0.5: pass")
+        snap = sb.snapshot_memory(ttl=1)
+        u = sb.usage()
+        assert u["cpu_seconds"] > 0.3 and u["peak_memory_bytes"] > 0 and u["tags"] == {"exp": "ledger"}
+        assert u["run_s"] > 0 and u["boot_s"] > 0
+    finally:
+        sb.terminate()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(s["snapshot_id"] == snap for s in default_client().request("GET", "/snapshots")):
+        time.sleep(0.3)
+    assert not any(s["snapshot_id"] == snap for s in default_client().request("GET", "/snapshots"))
+    from rollbox.sdk.usage import Rates, usage
+    rows = usage(by_tag="exp", rates=Rates(cpu_hour=3600.0))
+    row = next(r for r in rows if r["exp"] == "ledger")
+    assert row["sandboxes"] == 1 and row["cost"] == pytest.approx(row["reserved_cpu_seconds"])
+
+
+def test_daemon_kill_during_200_episode_map(paths) -> None:
+    src = Sandbox(memory=256).create()
+    try:
+        snap = src.snapshot_memory()
+    finally:
+        src.terminate()
+    killed = threading.Event()
+
+    def episode(sb, i):  # type: ignore[no-untyped-def]
+        if i == 40 and not killed.is_set():
+            killed.set()
+            os.kill(int(paths.daemon_lock.read_text()), signal.SIGKILL)
+        return float(sb.exec("true").exit_code == 0)
+
+    with SandboxPool(snap, max_concurrency=8) as pool:
+        results = list(pool.map(episode, range(200), timeout=60, retries=3, progress=False))
+    assert killed.is_set()
+    assert sorted(r.index for r in results) == list(range(200))
+    assert {r.status for r in results} == {"ok"}, {r.status: r.error for r in results if r.status != "ok"}
+    assert any(r.attempts > 1 for r in results)
+    default_client().request("DELETE", f"/snapshots/{snap}")
+    live = [s for s in default_client().request("GET", "/sandboxes") if "rollbox.pool" in s.get("tags", {})]
+    assert live == []
+    for r in results:
+        assert host_traces(paths, r.sandbox_id) == []
