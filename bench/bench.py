@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollbox.config import Paths
 from rollbox.errors import RollboxError
 from rollbox.runtime.bundle import BundleSpec, oci_spec
 from rollbox.sdk.image import Image
@@ -482,7 +483,7 @@ def rollbox_idle(tr: Tracker, snap: str, n: int) -> Memory:
         for sb in sbs:
             first_exec_ok(sb)
         time.sleep(IDLE_WAIT_S)
-        return idle_memory([s.sandbox_id.removeprefix("sb-") for s in sbs], "rollbox")
+        return idle_memory([s.sandbox_id.removeprefix("sb-") for s in sbs], Paths.from_env().cgroup_parent)
     finally:
         tr.terminate(sbs)
 

@@ -65,7 +65,8 @@ def _stop_test_daemon() -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _test_home(request: pytest.FixtureRequest) -> Iterator[Path]:
-    needs_system = any("tests/system" in str(item.fspath) for item in request.session.items)
+    needs_system = any(("tests/system" in str(item.fspath) or "tests/security" in str(item.fspath))
+                       for item in request.session.items)
     if needs_system and os.geteuid() == 0:
         _provision_base_image()
     yield TEST_HOME
