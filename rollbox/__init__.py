@@ -21,6 +21,7 @@ from .errors import (  # noqa: E402
     SnapshotNotFound,
     VolumeNotFound,
 )
+from .sdk.function import Function, FunctionError, function  # noqa: E402
 from .sdk.image import Image  # noqa: E402
 from .sdk.pool import SandboxPool  # noqa: E402
 from .sdk.sandbox import Sandbox, SandboxInstance  # noqa: E402
@@ -33,6 +34,8 @@ __all__ = [
     "ExecResult",
     "FileEntry",
     "FileNotFoundInSandbox",
+    "Function",
+    "FunctionError",
     "Image",
     "ImageNotFound",
     "InvalidArgument",
@@ -52,4 +55,5 @@ __all__ = [
     "Volume",
     "VolumeNotFound",
     "__version__",
+    "function",
 ]

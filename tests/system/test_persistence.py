@@ -167,12 +167,13 @@ def test_ttl_never_and_update_ttl() -> None:
 
 
 def test_snapshot_ttl_and_usage_ledger() -> None:
-    sb = Sandbox(memory=256, tags={"exp": "ledger"}).create()
+    tag = f"ledger-{time.monotonic_ns()}"
+    sb = Sandbox(memory=256, tags={"exp": tag}).create()
     try:
         sb.exec("python3", "-c", "import time\nt=time.time()\nwhile time.time()-t<0.5: pass")
         snap = sb.snapshot_memory(ttl=1)
         u = sb.usage()
-        assert u["cpu_seconds"] > 0.3 and u["peak_memory_bytes"] > 0 and u["tags"] == {"exp": "ledger"}
+        assert u["cpu_seconds"] > 0.3 and u["peak_memory_bytes"] > 0 and u["tags"] == {"exp": tag}
         assert u["run_s"] > 0 and u["boot_s"] > 0
     finally:
         sb.terminate()
@@ -182,7 +183,7 @@ def test_snapshot_ttl_and_usage_ledger() -> None:
     assert not any(s["snapshot_id"] == snap for s in default_client().request("GET", "/snapshots"))
     from rollbox.sdk.usage import Rates, usage
     rows = usage(by_tag="exp", rates=Rates(cpu_hour=3600.0))
-    row = next(r for r in rows if r["exp"] == "ledger")
+    row = next(r for r in rows if r["exp"] == tag)
     assert row["sandboxes"] == 1 and row["cost"] == pytest.approx(row["reserved_cpu_seconds"])
 
 

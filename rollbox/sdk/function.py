@@ -1,0 +1,225 @@
+"""`@function`: run a Python function in a fresh sandbox, with one argument or over many.
+
+    @function(cpu=1.0, memory=512, volumes=[Volume("ckpt", "/ckpt")])
+    def train_step(batch): ...
+
+    train_step.remote(batch)          # one call, one fresh sandbox
+    list(train_step.map(batches))     # fan-out; results in input order
+    train_step(batch)                 # a plain local call
+
+The function, its arguments and its result travel by cloudpickle; cloudpickle's own source
+is copied into the sandbox, so the image needs only python3 (of the same minor version as
+the caller, since code objects are pickled). `.map()` prepares one sandbox with the function
+loaded, snapshots its memory, and runs every input in a fresh sandbox restored from it.
+
+The result is unpickled in the caller: run your own code here. Untrusted code (what a policy
+wrote) belongs in `Sandbox.exec`, whose results are plain bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import secrets
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import cloudpickle
+
+from .. import errors
+from ..client.transport import Client
+from .image import Image
+from .pool import SandboxPool
+from .sandbox import Sandbox, SandboxInstance
+from .volume import Volume
+
+R = TypeVar("R")
+WORKDIR = "/tmp/rollbox-fn"
+RUNNER = f"""
+import sys, traceback
+sys.path.insert(0, {WORKDIR!r} + "/pkgs")
+import cloudpickle
+job = sys.argv[1]
+with open({WORKDIR!r} + "/fn.pkl", "rb") as f:
+    fn = cloudpickle.load(f)
+with open(job + ".in", "rb") as f:
+    args, kwargs = cloudpickle.load(f)
+try:
+    out = (True, fn(*args, **kwargs))
+except BaseException as e:
+    out = (False, (e, traceback.format_exc()))
+try:
+    data = cloudpickle.dumps(out)
+except Exception as e:
+    data = cloudpickle.dumps((False, (RuntimeError("result could not be pickled: %r" % e), traceback.format_exc())))
+with open(job + ".out", "wb") as f:
+    f.write(data)
+"""
+
+
+class FunctionError(errors.RollboxError):
+    """The remote function raised; `.remote_traceback` has its traceback, `__cause__` the
+    original exception when it could be unpickled."""
+
+    code = "function_error"
+    status = 500
+
+    def __init__(self, message: str, remote_traceback: str = "") -> None:
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    image: Image = field(default_factory=Image.debian)
+    cpu: float = 1.0
+    memory: int = 1024
+    volumes: tuple[Volume, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    timeout: float | None = 600.0
+    retries: int = 1
+
+
+def _cloudpickle_files() -> list[tuple[str, bytes]]:
+    pkg = Path(cloudpickle.__file__).parent
+    return [(f"cloudpickle/{p.name}", p.read_bytes()) for p in sorted(pkg.glob("*.py"))]
+
+
+class Function(Generic[R]):
+    """A function that runs in sandboxes; made by `@function`."""
+
+    def __init__(self, fn: Callable[..., R], spec: FunctionSpec, client: Client | None = None) -> None:
+        self.fn = fn
+        self.spec = spec
+        self._client = client
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R:
+        return self.fn(*args, **kwargs)
+
+    def _sandbox(self) -> Sandbox:
+        s = self.spec
+        return Sandbox(image=s.image, cpu=s.cpu, memory=s.memory, volumes=list(s.volumes), env=s.env,
+                       keep_warm_seconds=max(600.0, (s.timeout or 0) + 60), client=self._client,
+                       tags={"rollbox.function": getattr(self.fn, "__qualname__", "function")})
+
+    def _load(self, sb: SandboxInstance) -> None:
+        for rel, data in _cloudpickle_files():
+            sb.fs.write_file(f"{WORKDIR}/pkgs/{rel}", data)
+        sb.fs.write_file(f"{WORKDIR}/runner.py", RUNNER.encode())
+        sb.fs.write_file(f"{WORKDIR}/fn.pkl", self._pickled_fn())
+
+    def _pickled_fn(self) -> bytes:
+        """The function by value, with its module's globals: that module is not importable
+        in the sandbox (cloudpickle would otherwise pickle it by reference)."""
+        mod = sys.modules.get(getattr(self.fn, "__module__", "") or "")
+        if mod is None or mod.__name__ == "__main__":
+            return cloudpickle.dumps(self.fn)
+        cloudpickle.register_pickle_by_value(mod)
+        try:
+            return cloudpickle.dumps(self.fn)
+        finally:
+            cloudpickle.unregister_pickle_by_value(mod)
+
+    def _run(self, sb: SandboxInstance, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+        job = f"{WORKDIR}/job-{secrets.token_hex(6)}"
+        sb.fs.write_file(job + ".in", cloudpickle.dumps((args, kwargs)))
+        r = sb.exec("python3", f"{WORKDIR}/runner.py", job, timeout=self.spec.timeout)
+        if r.timed_out:
+            raise errors.SandboxTerminated(f"function {self.fn.__qualname__} ran past its timeout "
+                                           f"({self.spec.timeout} s)", sandbox_id=sb.sandbox_id)
+        if r.oom_killed:
+            raise errors.ResourceExhausted(f"function {self.fn.__qualname__} ran out of memory "
+                                           f"({self.spec.memory} MiB); raise memory=", sandbox_id=sb.sandbox_id)
+        try:
+            ok, value = cloudpickle.loads(sb.fs.read_file(job + ".out"))
+        except errors.FileNotFoundInSandbox:
+            raise FunctionError(f"function {self.fn.__qualname__} died without a result (exit {r.exit_code}): "
+                                f"{r.stderr_text()[-1500:]}") from None
+        if ok:
+            return value  # type: ignore[no-any-return]
+        exc, tb = value
+        raise FunctionError(f"function {self.fn.__qualname__} raised {type(exc).__name__}: {exc}", tb) from exc
+
+    def remote(self, *args: Any, **kwargs: Any) -> R:
+        """Runs one call in a fresh sandbox and returns its result.
+
+        Raises:
+            FunctionError: the function raised (the original exception is its __cause__).
+            SandboxTerminated: it ran past `timeout`. ResourceExhausted: out of memory.
+        """
+        with self._sandbox().create() as sb:
+            self._load(sb)
+            return self._run(sb, args, kwargs)
+
+    def map(self, inputs: Iterable[Any], *, max_concurrency: int = 4, return_exceptions: bool = False
+            ) -> Iterator[R | BaseException]:
+        """Calls the function once per input (one argument each), each in a fresh sandbox
+        restored from one prepared snapshot; yields results in input order.
+
+        With `return_exceptions=True` a failed call yields its exception in its slot;
+        otherwise the first failure is raised.
+        """
+        items = list(inputs)
+        if not items:
+            return
+        prep = self._sandbox().create()
+        try:
+            self._load(prep)
+            snap = prep.snapshot_memory()
+        finally:
+            prep.terminate()
+        client = self._client
+        try:
+            with SandboxPool(snap, max_concurrency=max_concurrency, client=client) as pool:
+                def call(sb: SandboxInstance, x: Any) -> Any:
+                    try:
+                        return {"ok": True, "v": self._run(sb, (x,), {})}
+                    except FunctionError as e:
+                        return {"ok": False, "e": e}
+                for res in pool.map(call, items, timeout=None if self.spec.timeout is None else self.spec.timeout + 60,
+                                    retries=self.spec.retries, ordered=True, progress=False):
+                    if res.status == "ok" and res.value["ok"]:
+                        yield res.value["v"]
+                        continue
+                    err: BaseException = (res.value["e"] if res.status == "ok" else
+                                          errors.RollboxError(f"call {res.index} ended with status {res.status}: "
+                                                              f"{res.error}"))
+                    if not return_exceptions:
+                        raise err
+                    yield err
+        finally:
+            try:
+                (client or _default()).request("DELETE", f"/snapshots/{snap}")
+            except errors.RollboxError:
+                pass
+
+
+def _default() -> Client:
+    from .sandbox import default_client
+    return default_client()
+
+
+def function(fn: Callable[..., R] | None = None, *, image: Image | None = None, cpu: float = 1.0,
+             memory: int = 1024, volumes: Iterable[Volume] = (), env: dict[str, str] | None = None,
+             timeout: float | None = 600.0, retries: int = 1, gpu: str | None = None,
+             client: Client | None = None) -> Any:
+    """Decorator: `@function` or `@function(cpu=2.0, memory=2048, volumes=[...], timeout=60)`.
+
+    Args:
+        image: the sandbox image (default Image.debian()). cpu: cores. memory: MiB.
+        volumes: Volume list mounted in every call's sandbox. env: environment variables.
+        timeout: seconds per call (None: no limit). retries: extra attempts after a platform fault
+            (in `.map()`).
+        gpu: not supported yet (GPU sandboxes come with the GPU work); a value raises InvalidArgument.
+    """
+    if gpu is not None:
+        raise errors.InvalidArgument(f"gpu={gpu!r}: GPU functions are not supported by this build yet")
+    spec = FunctionSpec(image or Image.debian(), cpu, memory, tuple(volumes), dict(env or {}), timeout, retries)
+
+    def wrap(f: Callable[..., R]) -> Function[R]:
+        return Function(f, spec, client)
+
+    return wrap(fn) if fn is not None else wrap
