@@ -21,6 +21,7 @@ from ..errors import RollboxError
 from ..runtime.reaper import become_subreaper
 from ..runtime.runsc import Runsc
 from .app import create_app
+from . import watchdog
 from .service import SandboxService
 from .store import Store
 
@@ -41,21 +42,6 @@ def _lock(paths: Paths) -> IO[str]:
     return f
 
 
-async def _watchdog(service: SandboxService, interval_s: float = 1.0, sample_every: int = 5) -> None:
-    n = 0
-    while True:
-        await asyncio.sleep(interval_s)
-        n += 1
-        try:
-            await service.expire_idle()
-            await service.expire_snapshots()
-            if n % sample_every == 0:
-                service.sample_usage()
-            service.reaper.sweep()
-        except Exception:  # noqa: BLE001 - the watchdog must outlive any one failure
-            log.exception("watchdog pass failed")
-
-
 async def serve_async(paths: Paths) -> None:
     paths.ensure()
     lock = _lock(paths)
@@ -64,7 +50,7 @@ async def serve_async(paths: Paths) -> None:
     runsc.check()
     store = Store(paths.db)
     service = SandboxService(paths, runsc, store)
-    summary = await service.recover()
+    summary = await watchdog.recover(service)
     log.info("recovered state: %s", summary)
     app = create_app(service)
     if paths.socket.exists():
@@ -72,11 +58,11 @@ async def serve_async(paths: Paths) -> None:
     config = uvicorn.Config(app, uds=str(paths.socket), log_level="warning", access_log=False,
                             timeout_keep_alive=300, timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
-    watchdog = asyncio.create_task(_watchdog(service))
+    watcher = asyncio.create_task(watchdog.run(service))
     try:
         await server.serve()
     finally:
-        watchdog.cancel()
+        watcher.cancel()
         store.close()
         lock.close()
 

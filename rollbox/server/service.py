@@ -109,7 +109,7 @@ class SandboxService:
 
     # ---- helpers -------------------------------------------------------------------------
 
-    def _dir(self, sandbox_id: str) -> Path:
+    def sandbox_dir(self, sandbox_id: str) -> Path:
         return self.paths.sandboxes / sandbox_id
 
     def _live(self, sandbox_id: str) -> Live:
@@ -147,7 +147,7 @@ class SandboxService:
                 await self.resume(sandbox_id)
         return self._live(sandbox_id)
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> None:
         t = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
@@ -193,7 +193,7 @@ class SandboxService:
                 f"less than {MIN_FREE_DISK >> 20} MiB free under {self.paths.home}: remove snapshots or images, or free disk")
         lowers = self.images.layers(image_id)  # raises ImageNotFound
         cid = container_id(sandbox_id)
-        d = self._dir(sandbox_id)
+        d = self.sandbox_dir(sandbox_id)
         d.mkdir(parents=True)
         key = bytes.fromhex(snapshot.agent_key) if snapshot is not None else secrets.token_bytes(32)
         channel = AgentChannel(sandbox_id, d / "in", d / "out", key)
@@ -244,7 +244,7 @@ class SandboxService:
             ttfc_ms = (time.monotonic() - t0) * 1000
         except BaseException as exc:
             channel.close("the sandbox failed to start")
-            await self._teardown_host(sandbox_id)
+            await self.teardown_host(sandbox_id)
             if isinstance(exc, errors.RollboxError):
                 raise
             if isinstance(exc, asyncio.TimeoutError):
@@ -263,7 +263,7 @@ class SandboxService:
                 memory_mib=memory_mib, keep_warm_seconds=keep_warm_seconds,
                 snapshot_id=snapshot.snapshot_id if snapshot else None, fork_index=fork_index, ttfc_ms=ttfc_ms,
                 volumes=json.dumps(volumes), tags=json.dumps(tags or {}))
-        self._watch(lv)
+        self.watch(lv)
         return self.info(sandbox_id)
 
     @staticmethod
@@ -339,13 +339,13 @@ class SandboxService:
                 sid = await self.snapshot_memory(sandbox_id, kind="pause", leave_running=False, lv=lv)
             except BaseException:
                 self.live[sandbox_id] = lv
-                self._watch(lv, find_pid=False)
+                self.watch(lv, find_pid=False)
                 raise
             lv.channel.close("the sandbox was paused")
             self._record_usage(sandbox_id)
             self.store.update_sandbox(sandbox_id, state="paused", paused_snapshot_id=sid)
             self.store.close_interval(sandbox_id, time.time())
-            await self._teardown_host(sandbox_id)
+            await self.teardown_host(sandbox_id)
             return sid
 
     async def resume(self, sandbox_id: str) -> SandboxInfo:
@@ -365,7 +365,7 @@ class SandboxService:
                                     memory_mib=meta.memory_mib, env=meta.env,
                                     keep_warm_seconds=row["keep_warm_seconds"], snapshot=meta,
                                     fork_index=row["fork_index"], resume=True)
-            await self._delete_snapshot_files(snap_id)
+            await self.delete_snapshot_files(snap_id)
             return info
 
     def update_ttl(self, sandbox_id: str, keep_warm_seconds: float | None) -> SandboxInfo:
@@ -393,7 +393,7 @@ class SandboxService:
 
     # ---- death and teardown --------------------------------------------------------------
 
-    def _watch(self, lv: Live, find_pid: bool = True) -> None:
+    def watch(self, lv: Live, find_pid: bool = True) -> None:
         """Notices the sandbox dying by itself: its channel closing or its process exiting."""
         sid = lv.sandbox_id
         lv.channel.on_lost = lambda reason: self._on_lost(sid, None, from_channel=True)
@@ -409,14 +409,14 @@ class SandboxService:
         if from_channel and lv.channel.corrupted:
             lv.exit_reason = "channel_corrupted"
             log.warning("sandbox %s: %s; terminating it", sandbox_id, lv.channel.closed_reason)
-            self._spawn(self.terminate(sandbox_id, reason=lv.exit_reason))
+            self.spawn(self.terminate(sandbox_id, reason=lv.exit_reason))
             return
         if from_channel and lv.pid is not None and status is None:
             # The process watch tells how it ended; give it a moment before deciding blind.
             async def fallback() -> None:
                 await asyncio.sleep(3.0)
                 self._on_lost(sandbox_id, None)
-            self._spawn(fallback())
+            self.spawn(fallback())
             lv.channel.fail("the sandbox closed its agent channel")
             return
         cid = container_id(sandbox_id)
@@ -430,7 +430,7 @@ class SandboxService:
             lv.exit_reason = "exited"
         log.info("sandbox %s ended by itself (%s)", sandbox_id, lv.exit_reason)
         lv.channel.fail(f"the sandbox ended ({lv.exit_reason})")
-        self._spawn(self.terminate(sandbox_id, reason=lv.exit_reason))
+        self.spawn(self.terminate(sandbox_id, reason=lv.exit_reason))
 
     async def _loss_error(self, lv: Live) -> errors.RollboxError:
         """The error for a request cut off by the sandbox ending: waits (briefly) for the
@@ -481,7 +481,7 @@ class SandboxService:
             self.store.update_sandbox(sandbox_id, state="terminated", ended_at=time.time(), exit_reason=reason,
                                       paused_snapshot_id=None)
             if row["paused_snapshot_id"]:
-                await self._delete_snapshot_files(row["paused_snapshot_id"])
+                await self.delete_snapshot_files(row["paused_snapshot_id"])
             return
         if lv is not None:
             reason = lv.exit_reason or reason
@@ -491,14 +491,14 @@ class SandboxService:
         if ending:
             self.store.update_sandbox(sandbox_id, state="terminating", ended_at=time.time(), exit_reason=reason)
         try:
-            await self._teardown_host(sandbox_id)
+            await self.teardown_host(sandbox_id)
         finally:
             if ending:
                 self.store.update_sandbox(sandbox_id, state="terminated")
 
-    async def _teardown_host(self, sandbox_id: str) -> None:
+    async def teardown_host(self, sandbox_id: str) -> None:
         cid = container_id(sandbox_id)
-        d = self._dir(sandbox_id)
+        d = self.sandbox_dir(sandbox_id)
         # `runsc delete` waits for the sandbox process to be reaped, and we are its reaper:
         # keep reaping while it runs (the pidfd watch reaps the sandbox process itself).
         delete = asyncio.ensure_future(self.runsc.delete(cid))
@@ -558,7 +558,7 @@ class SandboxService:
                 # The agent stopped answering but the sandbox lives: it is wedged (e.g. a fork
                 # bomb); end it rather than leave a sandbox that never answers again.
                 log.warning("sandbox %s did not answer an exec; terminating it", sandbox_id)
-                self._spawn(self.terminate(sandbox_id, reason="unresponsive"))
+                self.spawn(self.terminate(sandbox_id, reason="unresponsive"))
                 raise errors.SandboxLost(f"sandbox {sandbox_id} stopped answering (exec timeout + 30 s); "
                                          "it was terminated", sandbox_id=sandbox_id) from lost
             if lv.exit_reason is None:
@@ -579,7 +579,7 @@ class SandboxService:
             return await lv.channel.request(op, wait_s=120.0, **fields)
         except errors.SandboxLost:
             if lv.channel.closed_reason is None:
-                self._spawn(self.terminate(sandbox_id, reason="unresponsive"))
+                self.spawn(self.terminate(sandbox_id, reason="unresponsive"))
                 raise
             raise await self._loss_error(lv) from None
         except AgentError as e:
@@ -629,7 +629,7 @@ class SandboxService:
                                                    f"under {self.paths.snapshots}", sandbox_id=sandbox_id)
                 raise errors.SandboxLost(f"checkpointing sandbox {sandbox_id} failed: {detail}",
                                          sandbox_id=sandbox_id)
-            await asyncio.to_thread(copy_tree, self._dir(sandbox_id) / "upper", self.snapshots.upper_dir(sid))
+            await asyncio.to_thread(copy_tree, self.sandbox_dir(sandbox_id) / "upper", self.snapshots.upper_dir(sid))
             self.snapshots.write_meta(SnapshotMeta(sid, sandbox_id, lv.image_id, lv.cpu, lv.memory_mib, lv.env,
                                                    time.time(), internal, lv.volumes, kind, lv.key.hex()))
             self.store.insert_snapshot(sid, sandbox_id, lv.image_id, internal, kind,
@@ -654,19 +654,11 @@ class SandboxService:
         why = self.snapshot_in_use(snapshot_id)
         if why:
             raise errors.InvalidState(f"snapshot {snapshot_id} is in use: {why}")
-        await self._delete_snapshot_files(snapshot_id)
+        await self.delete_snapshot_files(snapshot_id)
 
-    async def _delete_snapshot_files(self, snapshot_id: str) -> None:
+    async def delete_snapshot_files(self, snapshot_id: str) -> None:
         await asyncio.to_thread(self.snapshots.remove, snapshot_id)
         self.store.delete_snapshot(snapshot_id)
-
-    async def expire_snapshots(self) -> list[str]:
-        gone = []
-        for sid in self.store.expired_snapshots(time.time()):
-            if self.snapshot_in_use(sid) is None:
-                await self._delete_snapshot_files(sid)
-                gone.append(sid)
-        return gone
 
     def list_snapshots(self) -> list[dict[str, Any]]:
         rows = {r["snapshot_id"]: r for r in self.store.snapshot_rows()}
@@ -708,7 +700,7 @@ class SandboxService:
                 *(self.restore(sid, keep_warm_seconds=keep_warm_seconds, fork_index=i) for i in range(count)),
                 return_exceptions=True)
         finally:
-            await self._delete_snapshot_files(sid)
+            await self.delete_snapshot_files(sid)
         out: list[dict[str, Any]] = []
         for r in results:
             if isinstance(r, errors.RollboxError):
@@ -721,79 +713,5 @@ class SandboxService:
 
     async def create_image_from_filesystem(self, sandbox_id: str) -> str:
         lv = await self._running(sandbox_id)
-        meta = await asyncio.to_thread(self.images.create_from_upper, self._dir(sandbox_id) / "upper", lv.image_id)
+        meta = await asyncio.to_thread(self.images.create_from_upper, self.sandbox_dir(sandbox_id) / "upper", lv.image_id)
         return meta.image_id
-
-    # ---- watchdog and recovery -------------------------------------------------------------
-
-    async def expire_idle(self) -> list[str]:
-        """Terminates sandboxes idle longer than their keep_warm_seconds (the leak backstop)."""
-        now = time.monotonic()
-        expired = [lv.sandbox_id for lv in self.live.values()
-                   if lv.keep_warm_seconds is not None and lv.keep_warm_seconds > 0 and lv.busy == 0
-                   and now - lv.last_active > lv.keep_warm_seconds]
-        for sid in expired:
-            log.info("sandbox %s idle past keep_warm_seconds; terminating", sid)
-            lv = self.live.get(sid)
-            if lv is not None:
-                lv.keep_warm_seconds = None  # expire once
-            self._spawn(self.terminate(sid, reason="keep_warm_expired"))
-        return expired
-
-    async def recover(self) -> dict[str, int]:
-        """After a daemon (re)start: re-attach live sandboxes, remove everything else."""
-        self.reaper.start()
-        reattached = cleaned = 0
-        running = set(await self.runsc.list_ids())
-        for row in self.store.list_rows(("paused",)):
-            try:
-                self.snapshots.meta(row["paused_snapshot_id"] or "sn-missing")
-            except (errors.SnapshotNotFound, errors.InvalidArgument):
-                self.store.update_sandbox(row["sandbox_id"], state="terminated", ended_at=time.time(),
-                                          exit_reason="lost", paused_snapshot_id=None)
-        for row in self.store.list_rows(LIVE_STATES):
-            sid = row["sandbox_id"]
-            cid = container_id(sid)
-            ok = False
-            if row["state"] == "terminating":
-                await self._teardown_host(sid)
-                self.store.update_sandbox(sid, state="terminated")
-                cleaned += 1
-                continue
-            if cid in running:
-                try:
-                    key = (self._dir(sid) / "agent.key").read_bytes()
-                except OSError:
-                    key = b""
-                ch = AgentChannel(sid, self._dir(sid) / "in", self._dir(sid) / "out", key)
-                try:
-                    ch.open()
-                    await ch.request("ping", wait_s=5.0)
-                    ok = True
-                except (errors.RollboxError, OSError):
-                    ch.close("unreachable after a daemon restart")
-            if ok:
-                lv = Live(sid, ch, row["image_id"], row["cpu"], row["memory_mib"], {}, row["keep_warm_seconds"],
-                          volumes=json.loads(row["volumes"] or "[]"), key=key)
-                # Idle time while the daemon was down counts towards keep_warm_seconds.
-                lv.last_active = time.monotonic() - max(0.0, time.time() - row["last_active_at"])
-                self.live[sid] = lv
-                self._watch(lv)
-                reattached += 1
-            else:
-                self.store.update_sandbox(sid, state="terminated", ended_at=time.time(), exit_reason="lost")
-                await self._teardown_host(sid)
-                cleaned += 1
-        live_cids = {container_id(s) for s in self.live}
-        stale = {"sb-" + cid for cid in running - live_cids}
-        if self.paths.sandboxes.is_dir():
-            stale |= {d.name for d in self.paths.sandboxes.iterdir() if d.name not in self.live}
-        # In parallel: each orphan's `runsc delete` waits on the slow PID-1 reaper.
-        await asyncio.gather(*(self._teardown_host(sid) for sid in stale))
-        cleaned += len(stale)
-        for cid in cgroups.leftover_ids(self.cg) - live_cids:
-            cgroups.remove(cid, self.cg)
-        for meta in self.snapshots.list():
-            if meta.internal:
-                await self._delete_snapshot_files(meta.snapshot_id)
-        return {"reattached": reattached, "cleaned": cleaned}

@@ -1,0 +1,118 @@
+"""The daemon's background duties: keep_warm expiry, snapshot TTLs, usage sampling, reaping,
+and reconciling state after a (re)start. Functions over a SandboxService; no state of their own."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from .. import errors
+from ..runtime import cgroups
+from ..runtime.channel import AgentChannel
+from .service import Live, SandboxService, container_id
+from .store import LIVE_STATES
+
+log = logging.getLogger("rollbox.watchdog")
+
+
+async def expire_idle(svc: SandboxService) -> list[str]:
+    """Terminates sandboxes idle longer than their keep_warm_seconds (the leak backstop)."""
+    now = time.monotonic()
+    expired = [lv.sandbox_id for lv in svc.live.values()
+               if lv.keep_warm_seconds is not None and lv.keep_warm_seconds > 0 and lv.busy == 0
+               and now - lv.last_active > lv.keep_warm_seconds]
+    for sid in expired:
+        log.info("sandbox %s idle past keep_warm_seconds; terminating", sid)
+        lv = svc.live.get(sid)
+        if lv is not None:
+            lv.keep_warm_seconds = None  # expire once
+        svc.spawn(svc.terminate(sid, reason="keep_warm_expired"))
+    return expired
+
+
+
+async def expire_snapshots(svc: SandboxService) -> list[str]:
+    gone = []
+    for sid in svc.store.expired_snapshots(time.time()):
+        if svc.snapshot_in_use(sid) is None:
+            await svc.delete_snapshot_files(sid)
+            gone.append(sid)
+    return gone
+
+
+
+async def recover(svc: SandboxService) -> dict[str, int]:
+    """After a daemon (re)start: re-attach live sandboxes, remove everything else."""
+    svc.reaper.start()
+    reattached = cleaned = 0
+    running = set(await svc.runsc.list_ids())
+    for row in svc.store.list_rows(("paused",)):
+        try:
+            svc.snapshots.meta(row["paused_snapshot_id"] or "sn-missing")
+        except (errors.SnapshotNotFound, errors.InvalidArgument):
+            svc.store.update_sandbox(row["sandbox_id"], state="terminated", ended_at=time.time(),
+                                      exit_reason="lost", paused_snapshot_id=None)
+    for row in svc.store.list_rows(LIVE_STATES):
+        sid = row["sandbox_id"]
+        cid = container_id(sid)
+        ok = False
+        if row["state"] == "terminating":
+            await svc.teardown_host(sid)
+            svc.store.update_sandbox(sid, state="terminated")
+            cleaned += 1
+            continue
+        if cid in running:
+            try:
+                key = (svc.sandbox_dir(sid) / "agent.key").read_bytes()
+            except OSError:
+                key = b""
+            ch = AgentChannel(sid, svc.sandbox_dir(sid) / "in", svc.sandbox_dir(sid) / "out", key)
+            try:
+                ch.open()
+                await ch.request("ping", wait_s=5.0)
+                ok = True
+            except (errors.RollboxError, OSError):
+                ch.close("unreachable after a daemon restart")
+        if ok:
+            lv = Live(sid, ch, row["image_id"], row["cpu"], row["memory_mib"], {}, row["keep_warm_seconds"],
+                      volumes=json.loads(row["volumes"] or "[]"), key=key)
+            # Idle time while the daemon was down counts towards keep_warm_seconds.
+            lv.last_active = time.monotonic() - max(0.0, time.time() - row["last_active_at"])
+            svc.live[sid] = lv
+            svc.watch(lv)
+            reattached += 1
+        else:
+            svc.store.update_sandbox(sid, state="terminated", ended_at=time.time(), exit_reason="lost")
+            await svc.teardown_host(sid)
+            cleaned += 1
+    live_cids = {container_id(s) for s in svc.live}
+    stale = {"sb-" + cid for cid in running - live_cids}
+    if svc.paths.sandboxes.is_dir():
+        stale |= {d.name for d in svc.paths.sandboxes.iterdir() if d.name not in svc.live}
+    # In parallel: each orphan's `runsc delete` waits on the slow PID-1 reaper.
+    await asyncio.gather(*(svc.teardown_host(sid) for sid in stale))
+    cleaned += len(stale)
+    for cid in cgroups.leftover_ids(svc.cg) - live_cids:
+        cgroups.remove(cid, svc.cg)
+    for meta in svc.snapshots.list():
+        if meta.internal:
+            await svc.delete_snapshot_files(meta.snapshot_id)
+    return {"reattached": reattached, "cleaned": cleaned}
+
+
+async def run(svc: SandboxService, interval_s: float = 1.0, sample_every: int = 5) -> None:
+    """The watchdog loop: runs until cancelled; one failed pass never stops it."""
+    n = 0
+    while True:
+        await asyncio.sleep(interval_s)
+        n += 1
+        try:
+            await expire_idle(svc)
+            await expire_snapshots(svc)
+            if n % sample_every == 0:
+                svc.sample_usage()
+            svc.reaper.sweep()
+        except Exception:  # noqa: BLE001 - the watchdog must outlive any one failure
+            log.exception("watchdog pass failed")
