@@ -138,6 +138,9 @@ class Function(Generic[R]):
         except errors.FileNotFoundInSandbox:
             raise FunctionError(f"function {self.fn.__qualname__} died without a result (exit {r.exit_code}): "
                                 f"{r.stderr_text()[-1500:]}") from None
+        except errors.InvalidArgument as e:
+            raise FunctionError(f"function {self.fn.__qualname__} returned a result too large to bring back "
+                                f"({e}); write big outputs to a Volume and return their path") from None
         if ok:
             return value  # type: ignore[no-any-return]
         exc, tb = value

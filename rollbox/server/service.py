@@ -52,6 +52,17 @@ AGENT_ERRORS: dict[str, type[errors.RollboxError]] = {
 ARG_MAX = 1024 * 1024  # bytes of argv + env per exec (Linux's default ARG_MAX is 2 MiB)
 
 
+def check_limits(cpu: float, memory_mib: int) -> None:
+    max_cpu = (os.cpu_count() or 1) * 4
+    if not (0.01 <= cpu <= max_cpu):  # also false for NaN
+        raise errors.InvalidArgument(f"cpu={cpu} is out of range: give cores as a float in [0.01, {max_cpu}]")
+    if memory_mib < 128:
+        raise errors.InvalidArgument(f"memory={memory_mib} MiB is too small: gVisor itself needs ~100 MiB; give at least 128")
+    host_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    if memory_mib > host_mib:
+        raise errors.InvalidArgument(f"memory={memory_mib} MiB is more than this host has ({host_mib} MiB)")
+
+
 def check_env(env: dict[str, str]) -> None:
     for k, v in env.items():
         if not k or "=" in k or "\0" in k or "\0" in v:
@@ -101,6 +112,8 @@ class SandboxService:
         self._locks: dict[str, asyncio.Lock] = {}
         # Snapshot id -> restores in flight (a snapshot in use cannot be deleted).
         self._snapshot_users: dict[str, int] = {}
+        # Volume name -> boots in flight that mount it (their rows do not exist yet).
+        self._volume_users: dict[str, int] = {}
         self.volumes = VolumeStore(paths.volumes)
         # Restores and boots are CPU-bound: a bounded number at once keeps each one fast and
         # a fork(1024) from starting a thousand runsc processes together.
@@ -142,6 +155,10 @@ class SandboxService:
         """The live sandbox, resuming it first if it is paused (it wakes on demand)."""
         lv = self.live.get(sandbox_id)
         if lv is None:
+            lock = self._locks.get(sandbox_id)
+            if lock is not None and lock.locked():
+                async with lock:  # a pause/resume/terminate in progress: wait for its outcome
+                    pass
             row = self.store.get_row(sandbox_id)
             if row is not None and row["state"] == "paused":
                 await self.resume(sandbox_id)
@@ -175,19 +192,30 @@ class SandboxService:
                     volumes: list[dict[str, str]] | None = None, tags: dict[str, str] | None = None,
                     resume: bool = False) -> SandboxInfo:
         t0 = time.monotonic()
+        check_limits(cpu, memory_mib)
+        check_env(env)
         if snapshot is not None:
             volumes = snapshot.volumes  # a restore must mount exactly what was captured
         volumes = list(volumes or [])
-        binds = tuple((str(self.volumes.ensure(v["name"])), v["mount_path"]) for v in volumes)
-        max_cpu = (os.cpu_count() or 1) * 4
-        if not (0.01 <= cpu <= max_cpu):  # also false for NaN
-            raise errors.InvalidArgument(f"cpu={cpu} is out of range: give cores as a float in [0.01, {max_cpu}]")
-        if memory_mib < 128:
-            raise errors.InvalidArgument(f"memory={memory_mib} MiB is too small: gVisor itself needs ~100 MiB; give at least 128")
-        host_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
-        if memory_mib > host_mib:
-            raise errors.InvalidArgument(f"memory={memory_mib} MiB is more than this host has ({host_mib} MiB)")
-        check_env(env)
+        names = [v["name"] for v in volumes]
+        for n in names:
+            self._volume_users[n] = self._volume_users.get(n, 0) + 1
+        try:
+            binds = tuple((str(self.volumes.ensure(v["name"])), v["mount_path"]) for v in volumes)
+            return await self._boot_with(sandbox_id=sandbox_id, image_id=image_id, cpu=cpu, memory_mib=memory_mib,
+                                         env=env, keep_warm_seconds=keep_warm_seconds, snapshot=snapshot,
+                                         fork_index=fork_index, volumes=volumes, tags=tags, resume=resume,
+                                         binds=binds, t0=t0)
+        finally:
+            for n in names:
+                self._volume_users[n] -= 1
+                if not self._volume_users[n]:
+                    del self._volume_users[n]
+
+    async def _boot_with(self, *, sandbox_id: str, image_id: str, cpu: float, memory_mib: int,
+                         env: dict[str, str], keep_warm_seconds: float | None, snapshot: SnapshotMeta | None,
+                         fork_index: int | None, volumes: list[dict[str, str]], tags: dict[str, str] | None,
+                         resume: bool, binds: tuple[tuple[str, str], ...], t0: float) -> SandboxInfo:
         if disk_free_bytes(self.paths.home) < MIN_FREE_DISK:
             raise errors.ResourceExhausted(
                 f"less than {MIN_FREE_DISK >> 20} MiB free under {self.paths.home}: remove snapshots or images, or free disk")
@@ -330,6 +358,9 @@ class SandboxService:
         memory; returns the paused state's snapshot id (restorable into copies: branching)."""
         async with self._lock(sandbox_id):
             lv = self._live(sandbox_id)
+            if lv.busy:
+                raise errors.InvalidState(f"sandbox {sandbox_id} has {lv.busy} command(s) running; pause it when "
+                                          "they return (background processes are fine)", sandbox_id=sandbox_id)
             # Detach the death watch first: the sandbox stops by design after the checkpoint.
             self.live.pop(sandbox_id, None)
             lv.channel.on_lost = None
@@ -684,6 +715,14 @@ class SandboxService:
         self.images.delete(image_id)
 
     def delete_volume(self, name: str) -> None:
+        """Deletes a volume; refused while a sandbox (booting, running or paused) mounts it or a
+        stored snapshot would mount it on restore."""
+        if self._volume_users.get(name):
+            raise errors.InvalidState(f"volume {name!r} is being mounted by a sandbox that is starting")
+        snaps = [m.snapshot_id for m in self.snapshots.list() if any(v["name"] == name for v in m.volumes)]
+        if snaps:
+            raise errors.InvalidState(f"volume {name!r} is mounted by snapshot(s) {', '.join(snaps[:5])}; "
+                                      "delete those first (`rollbox snapshot rm`)")
         for row in self.store.list_rows((*LIVE_STATES, "paused")):
             if any(v["name"] == name for v in json.loads(row["volumes"] or "[]")):
                 raise errors.InvalidState(f"volume {name!r} is mounted by sandbox {row['sandbox_id']}; "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,12 +37,21 @@ def check_name(name: str) -> str:
     return name
 
 
+RESERVED = ("/proc", "/dev", "/sys", "/.rollbox", "/.rollbox-key")
+MAX_READ = 64 * 1024 * 1024
+
+
 def check_mount_path(mount_path: str) -> str:
-    if not mount_path.startswith("/") or mount_path.rstrip("/") in ("", "/proc", "/dev", "/sys", "/.rollbox") \
+    """The normalised mount path; refuses '/', '..', and anything at or under a reserved path."""
+    bad = InvalidArgument(f"mount_path {mount_path!r} must be an absolute path such as '/data', not '/', "
+                          f"one with '..', nor at or under {', '.join(RESERVED)}")
+    if not isinstance(mount_path, str) or not mount_path.startswith("/") or "\0" in mount_path \
             or ".." in mount_path.split("/"):
-        raise InvalidArgument(f"mount_path {mount_path!r} must be an absolute path such as '/data', "
-                              "not '/', '/proc', '/dev', '/sys' or one with '..'")
-    return os.path.normpath(mount_path)
+        raise bad
+    norm = "/" + os.path.normpath(mount_path).lstrip("/")  # normpath keeps a leading '//'
+    if norm == "/" or any(norm == r or norm.startswith(r + "/") for r in RESERVED):
+        raise bad
+    return norm
 
 
 class VolumeStore:
@@ -102,29 +112,61 @@ class VolumeStore:
             raise InvalidArgument(f"path {path!r} leaves volume {name!r}")
         return target
 
+    def _check_fd(self, name: str, fd: int, path: str) -> None:
+        """After opening: the descriptor's real path is inside the volume. Checking the open
+        file, not the name, leaves no window for a symlink swapped in by a sandbox."""
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        base = str(self.data_dir(name).resolve())
+        if real != base and not real.startswith(base + "/"):
+            raise InvalidArgument(f"path {path!r} leaves volume {name!r}")
+
     def write_file(self, name: str, path: str, data: bytes) -> int:
         self.ensure(name)
         target = self.resolve(name, path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        if target.parent.resolve() != target.parent:
-            raise InvalidArgument(f"path {path!r} goes through a symlink in volume {name!r}")
-        tmp = target.with_name(f".{target.name}.rollbox-{time.monotonic_ns()}")
+        dfd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
+        tmp = f".{target.name}.rollbox-{time.monotonic_ns()}"
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, target)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            if e.errno == 28:
-                raise ResourceExhausted(f"disk full writing {path!r} to volume {name!r}") from e
-            raise
+            self._check_fd(name, dfd, path)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dfd)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, target.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except OSError as e:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except OSError:
+                    pass
+                if e.errno == 28:
+                    raise ResourceExhausted(f"disk full writing {path!r} to volume {name!r}") from e
+                raise
+        finally:
+            os.close(dfd)
         return len(data)
 
     def read_file(self, name: str, path: str) -> bytes:
+        """The file's bytes (at most 64 MiB; larger files: mount the volume in a sandbox)."""
         target = self.resolve(name, path)
-        if not target.is_file():
-            raise NotFound(f"no file {path!r} in volume {name!r}")
-        return target.read_bytes()
+        try:
+            fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            raise NotFound(f"no file {path!r} in volume {name!r}") from None
+        except OSError as e:
+            raise InvalidArgument(f"cannot read {path!r} in volume {name!r}: {e.strerror}") from None
+        try:
+            self._check_fd(name, fd, path)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise InvalidArgument(f"{path!r} in volume {name!r} is not a regular file")
+            if st.st_size > MAX_READ:
+                raise InvalidArgument(f"{path!r} in volume {name!r} is {st.st_size} bytes, over the {MAX_READ}-byte "
+                                      "read limit; read it from a sandbox that mounts the volume")
+            os.set_blocking(fd, True)
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                return f.read(MAX_READ + 1)
+        finally:
+            os.close(fd)
 
     def list_files(self, name: str, path: str = "/") -> list[dict[str, object]]:
         target = self.resolve(name, path)

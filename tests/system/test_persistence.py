@@ -212,3 +212,56 @@ def test_daemon_kill_during_200_episode_map(paths) -> None:
     assert live == []
     for r in results:
         assert host_traces(paths, r.sandbox_id) == []
+
+
+@pytest.mark.parametrize("mount_path", ["/./proc", "//proc", "/./dev", "/sys/fs", "/dev/pts", "/.rollbox/x", "/"])
+def test_reserved_mount_paths_refused(mount_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(rollbox.InvalidArgument):
+        Sandbox(volumes=[Volume(name="ok", mount_path=mount_path)]).create()
+
+
+def test_volume_read_is_bounded_and_delete_waits_for_boots(volume) -> None:
+    sb = Sandbox(memory=256, volumes=[volume]).create()
+    try:
+        sb.exec("truncate", "-s", "1G", "/data/sparse")
+        with pytest.raises(rollbox.InvalidArgument, match="read limit"):
+            volume.read_file("/sparse")
+    finally:
+        sb.terminate()
+    volume.remove("/sparse")
+    errs: list[BaseException] = []
+
+    def boot() -> None:
+        try:
+            Sandbox(memory=256, volumes=[volume]).create().terminate()
+        except BaseException as e:  # noqa: BLE001
+            errs.append(e)
+
+    t = threading.Thread(target=boot)
+    t.start()
+    time.sleep(0.1)
+    try:
+        volume.delete()
+        deleted = True
+    except rollbox.InvalidState:
+        deleted = False
+    t.join(60)
+    if deleted:  # the delete won the race only if it ran before the boot registered
+        assert errs == [] or isinstance(errs[0], rollbox.RollboxError)
+    else:
+        assert errs == []
+
+
+def test_pause_refused_while_a_command_runs() -> None:
+    sb = Sandbox(memory=256).create()
+    try:
+        t = threading.Thread(target=lambda: sb.exec("sleep", "3"))
+        t.start()
+        time.sleep(0.5)
+        with pytest.raises(rollbox.InvalidState, match="running"):
+            sb.pause()
+        t.join()
+        sb.pause()
+        assert sb.exec("echo", "back").stdout == b"back\n"  # any call resumes it
+    finally:
+        sb.terminate()
