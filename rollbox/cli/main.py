@@ -262,6 +262,14 @@ def snapshot_ls() -> None:
               f"{now - m['created_at']:>6.0f}s {exp:>8}  {m['in_use'] or ''}")
 
 
+@snapshot_app.command("warm")
+def snapshot_warm(snapshot_id: str, count: int = typer.Argument(..., help="spares to keep restored; 0 removes"),
+                  idle_seconds: float = typer.Option(300.0, help="drain to zero after this long unused")) -> None:
+    """Keep sandboxes restored from a snapshot ahead of demand (a warm pool)."""
+    print(json.dumps(_client().request("PUT", f"/snapshots/{snapshot_id}/warm",
+                                       json={"count": count, "idle_seconds": idle_seconds})))
+
+
 @snapshot_app.command("rm")
 def snapshot_rm(snapshot_ids: list[str]) -> None:
     """Delete snapshots (refused while one is in use)."""

@@ -48,6 +48,11 @@ class SnapshotRequest(BaseModel):
                               allow_inf_nan=False)
 
 
+class WarmRequest(BaseModel):
+    count: int = Field(ge=0, le=64, description="spares to keep restored; 0 removes the pool")
+    idle_seconds: float = Field(300.0, gt=0, allow_inf_nan=False, description="unused this long: drain to zero")
+
+
 class UpdateSandbox(BaseModel):
     keep_warm_seconds: float | None = Field(description="idle seconds before expiry; None or <= 0: never",
                                             allow_inf_nan=False)
@@ -185,7 +190,15 @@ def create_app(service: SandboxService) -> FastAPI:
 
     @app.post("/snapshots/{snapshot_id}/restore")
     async def restore(snapshot_id: str, body: RestoreSnapshot) -> dict[str, Any]:
-        return asdict(await service.restore(snapshot_id, keep_warm_seconds=body.keep_warm_seconds, tags=body.tags))
+        return asdict(await service.acquire(snapshot_id, keep_warm_seconds=body.keep_warm_seconds, tags=body.tags))
+
+    @app.put("/snapshots/{snapshot_id}/warm")
+    async def set_warm(snapshot_id: str, body: WarmRequest) -> dict[str, Any]:
+        return service.warm.set(snapshot_id, body.count, body.idle_seconds)
+
+    @app.get("/snapshots/{snapshot_id}/warm")
+    async def get_warm(snapshot_id: str) -> dict[str, Any]:
+        return service.warm.status(snapshot_id)
 
     @app.get("/snapshots")
     async def list_snapshots() -> list[dict[str, Any]]:

@@ -33,6 +33,7 @@ from ..snapshots.store import SnapshotMeta, SnapshotStore, new_snapshot_id
 from ..types import SandboxInfo
 from ..volumes.store import VolumeStore, check_mount_path, check_name
 from .store import LIVE_STATES, Store
+from .warm import WarmPools
 
 log = logging.getLogger("rollbox.service")
 
@@ -115,6 +116,7 @@ class SandboxService:
         # Volume name -> boots in flight that mount it (their rows do not exist yet).
         self._volume_users: dict[str, int] = {}
         self.volumes = VolumeStore(paths.volumes)
+        self.warm = WarmPools(self)
         # Restores and boots are CPU-bound: a bounded number at once keeps each one fast and
         # a fork(1024) from starting a thousand runsc processes together.
         self._boots = asyncio.Semaphore(max(2, 2 * (os.cpu_count() or 1)))
@@ -337,6 +339,22 @@ class SandboxService:
             vols.append({"name": check_name(v.get("name", "")), "mount_path": mp})
         return await self._boot(sandbox_id=new_sandbox_id(), image_id=image_id, cpu=cpu, memory_mib=memory_mib,
                                 env=dict(env or {}), keep_warm_seconds=keep_warm_seconds, volumes=vols, tags=tags)
+
+    async def acquire(self, snapshot_id: str, *, keep_warm_seconds: float | None = 600,
+                      tags: dict[str, str] | None = None) -> SandboxInfo:
+        """A sandbox from the snapshot: a warm spare when the snapshot has a warm pool, else a
+        fresh restore. Either way nobody else has had it."""
+        t0 = time.monotonic()
+        sid = self.warm.take(snapshot_id)
+        if sid is not None:
+            lv = self.live[sid]
+            lv.keep_warm_seconds = keep_warm_seconds
+            lv.last_active = time.monotonic()
+            merged = {**(tags or {}), "rollbox.warm": snapshot_id}
+            self.store.update_sandbox(sid, keep_warm_seconds=keep_warm_seconds, tags=json.dumps(merged),
+                                      ttfc_ms=(time.monotonic() - t0) * 1000)
+            return self.info(sid)
+        return await self.restore(snapshot_id, keep_warm_seconds=keep_warm_seconds, tags=tags)
 
     async def restore(self, snapshot_id: str, *, keep_warm_seconds: float | None = 600,
                       fork_index: int | None = None, tags: dict[str, str] | None = None) -> SandboxInfo:
@@ -674,6 +692,8 @@ class SandboxService:
         """Why the snapshot cannot be deleted now, or None."""
         if self._snapshot_users.get(snapshot_id):
             return f"{self._snapshot_users[snapshot_id]} restore(s) of it are in progress"
+        if self.warm.in_use(snapshot_id):
+            return "it has a warm pool (set its size to 0 first)"
         for row in self.store.list_rows(("paused",)):
             if row["paused_snapshot_id"] == snapshot_id:
                 return f"it holds the paused state of sandbox {row['sandbox_id']} (resume or terminate that first)"

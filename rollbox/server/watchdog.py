@@ -109,6 +109,7 @@ async def run(svc: SandboxService, interval_s: float = 1.0, sample_every: int = 
         await asyncio.sleep(interval_s)
         n += 1
         try:
+            svc.warm.expire()
             await expire_idle(svc)
             await expire_snapshots(svc)
             if n % sample_every == 0:

@@ -1,0 +1,132 @@
+"""Warm pools: sandboxes restored from a snapshot ahead of demand.
+
+`set(snapshot_id, count, idle_seconds)` keeps `count` spares restored; `take(snapshot_id)`
+hands one out (a dictionary pop and one agent round trip, instead of a ~200 ms
+`runsc restore`) and starts a refill. Every spare is a separate restore, so each has its own
+entropy and sandbox id, and none is handed out twice. A pool unused for `idle_seconds` drains
+to zero (scale to zero) and fills again on its next use. Spares carry the tag `rollbox.warm`
+and a keep_warm of `idle_seconds`, so a spare orphaned by a daemon crash still expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .. import errors
+
+if TYPE_CHECKING:
+    from .service import SandboxService
+
+log = logging.getLogger("rollbox.warm")
+MAX_SPARES = 64
+
+
+@dataclass
+class WarmPool:
+    snapshot_id: str
+    target: int
+    idle_seconds: float
+    spares: deque[str] = field(default_factory=deque)
+    filling: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+    drained: bool = False
+    failures: int = 0
+
+
+class WarmPools:
+    def __init__(self, service: "SandboxService") -> None:
+        self.svc = service
+        self.pools: dict[str, WarmPool] = {}
+
+    def set(self, snapshot_id: str, count: int, idle_seconds: float = 300.0) -> dict[str, object]:
+        """Sets the pool's size (0 removes it and terminates its spares)."""
+        self.svc.snapshots.meta(snapshot_id)
+        if not 0 <= count <= MAX_SPARES:
+            raise errors.InvalidArgument(f"warm count={count} must be between 0 and {MAX_SPARES}")
+        if not idle_seconds > 0:
+            raise errors.InvalidArgument(f"idle_seconds={idle_seconds} must be a positive number of seconds")
+        pool = self.pools.get(snapshot_id)
+        if count == 0:
+            if pool is not None:
+                del self.pools[snapshot_id]
+                self._drain(pool)
+            return {"snapshot_id": snapshot_id, "target": 0, "ready": 0}
+        if pool is None:
+            pool = self.pools[snapshot_id] = WarmPool(snapshot_id, count, idle_seconds)
+        pool.target, pool.idle_seconds, pool.drained = count, idle_seconds, False
+        pool.last_used = time.monotonic()
+        self._refill(pool)
+        return self.status(snapshot_id)
+
+    def status(self, snapshot_id: str) -> dict[str, object]:
+        pool = self.pools.get(snapshot_id)
+        if pool is None:
+            return {"snapshot_id": snapshot_id, "target": 0, "ready": 0, "filling": 0}
+        return {"snapshot_id": snapshot_id, "target": pool.target, "ready": len(pool.spares),
+                "filling": pool.filling, "drained": pool.drained, "idle_seconds": pool.idle_seconds}
+
+    def in_use(self, snapshot_id: str) -> bool:
+        return snapshot_id in self.pools
+
+    def take(self, snapshot_id: str) -> str | None:
+        """A ready spare's sandbox id, or None (then the caller restores as usual)."""
+        pool = self.pools.get(snapshot_id)
+        if pool is None:
+            return None
+        pool.last_used = time.monotonic()
+        if pool.drained:
+            pool.drained = False
+        sid = None
+        while pool.spares:
+            cand = pool.spares.popleft()
+            if cand in self.svc.live:
+                sid = cand
+                break
+        self._refill(pool)
+        return sid
+
+    def _refill(self, pool: WarmPool) -> None:
+        while not pool.drained and len(pool.spares) + pool.filling < pool.target and self.pools.get(pool.snapshot_id) is pool:
+            pool.filling += 1
+            self.svc.spawn(self._fill_one(pool))
+
+    async def _fill_one(self, pool: WarmPool) -> None:
+        try:
+            info = await self.svc.restore(pool.snapshot_id, keep_warm_seconds=pool.idle_seconds,
+                                          tags={"rollbox.warm": pool.snapshot_id})
+        except errors.RollboxError as e:
+            pool.failures += 1
+            log.warning("warm pool %s: a restore failed (%s)", pool.snapshot_id, e)
+            await asyncio.sleep(min(30.0, 0.5 * 2 ** min(pool.failures, 6)))
+            pool.filling -= 1
+            self._refill(pool)
+            return
+        pool.failures = 0
+        pool.filling -= 1
+        if self.pools.get(pool.snapshot_id) is pool and not pool.drained:
+            pool.spares.append(info.sandbox_id)
+        else:
+            self.svc.spawn(self.svc.terminate(info.sandbox_id, reason="warm_pool_drained"))
+
+    def _drain(self, pool: WarmPool) -> None:
+        pool.drained = True
+        while pool.spares:
+            self.svc.spawn(self.svc.terminate(pool.spares.popleft(), reason="warm_pool_drained"))
+
+    def expire(self) -> None:
+        """Drains pools unused for their idle_seconds (called by the watchdog)."""
+        now = time.monotonic()
+        for pool in self.pools.values():
+            if not pool.drained and now - pool.last_used > pool.idle_seconds:
+                log.info("warm pool %s idle for %.0f s; draining", pool.snapshot_id, now - pool.last_used)
+                self._drain(pool)
+            # A spare's own keep_warm must not expire it while its pool is in use.
+            for sid in pool.spares:
+                lv = self.svc.live.get(sid)
+                if lv is not None:
+                    lv.last_active = now
