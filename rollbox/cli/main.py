@@ -40,12 +40,12 @@ def serve() -> None:
 
 
 @app.command()
-def ps(all: bool = typer.Option(False, "--all", "-a", help="include ended sandboxes"),  # noqa: A002
+def ps(all: bool = typer.Option(False, "--all", "-a", help="include terminated sandboxes"),  # noqa: A002
        limit: int = typer.Option(50, help="with --all: newest N rows (0: all)")) -> None:
-    """List sandboxes."""
+    """List sandboxes: running and paused (with -a, terminated ones too)."""
     rows = _client().request("GET", "/sandboxes", params={"all": all})
     if all and limit and len(rows) > limit:
-        print(f"(showing the newest {limit} of {len(rows)}; --limit 0 for all)")
+        print(f"(showing the newest {limit} of {len(rows)}; --limit 0 for all)", file=sys.stderr)
         rows = rows[-limit:]
     print(f"{'SANDBOX':<28} {'STATE':<11} {'IMAGE':<28} {'CPU':>4} {'MiB':>6} {'AGE':>6}  REASON")
     now = time.time()
@@ -130,9 +130,9 @@ def usage(by_tag: Optional[str] = typer.Option(None, "--by-tag", help="sum per v
 @volume_app.command("ls")
 def volume_ls() -> None:
     """List volumes with size and file count."""
-    print(f"{'NAME':<24} {'FILES':>6} {'SIZE':>12}  PATH")
+    print(f"{'NAME':<24} {'FILES':>6} {'SIZE_MiB':>9}  PATH")
     for v in _client().request("GET", "/volumes"):
-        print(f"{v['name']:<24} {v['files']:>6} {v['size_bytes']:>12}  {v['path']}")
+        print(f"{v['name']:<24} {v['files']:>6} {v['size_bytes'] / 2**20:>9.1f}  {v['path']}")
 
 
 @volume_app.command("put")
@@ -142,8 +142,14 @@ def volume_put(name: str, local: str, path: str = typer.Argument(None, help="pat
 
     from ..sdk.volume import Volume
     src = _P(local)
-    Volume(name, client=_client()).write_file(path or "/" + src.name, src.read_bytes())
-    print(f"{local} -> {name}:{path or '/' + src.name}")
+    dest = "/" + (path or src.name).lstrip("/")
+    try:
+        data = src.read_bytes()
+    except OSError as e:
+        print(f"rollbox: cannot read {local}: {e.strerror} (give a file)", file=sys.stderr)
+        raise typer.Exit(2)
+    Volume(name, client=_client()).write_file(dest, data)
+    print(f"{local} -> {name}:{dest}")
 
 
 @volume_app.command("get")
@@ -259,7 +265,7 @@ def snapshot_ls() -> None:
     for m in _client().request("GET", "/snapshots"):
         exp = f"{m['expires_at'] - now:.0f}s" if m.get("expires_at") else "-"
         print(f"{m['snapshot_id']:<28} {m['kind']:<7} {m['source_sandbox_id']:<28} {m['size_bytes'] / 2**20:>8.1f} "
-              f"{now - m['created_at']:>6.0f}s {exp:>8}  {m['in_use'] or ''}")
+              f"{_age(now - m['created_at']):>7} {exp:>8}  {m['in_use'] or ''}")
 
 
 @snapshot_app.command("warm")

@@ -179,7 +179,7 @@ class SandboxService:
         return self.store.sandbox_info(row)
 
     def list(self, all_states: bool = False) -> list[SandboxInfo]:
-        rows = self.store.list_rows(None if all_states else LIVE_STATES)
+        rows = self.store.list_rows(None if all_states else (*LIVE_STATES, "paused"))
         return [self.store.sandbox_info(r) for r in rows]
 
     # ---- boot ----------------------------------------------------------------------------

@@ -100,8 +100,9 @@ class Store:
             self.db.execute(
                 "INSERT OR IGNORE INTO usage (sandbox_id, cpu, memory_mib, started_at, boot_s, running_since, tags) "
                 "VALUES (?,?,?,?,?,?,?)",
-                (row["sandbox_id"], row["cpu"], row["memory_mib"], row["created_at"], (row.get("ttfc_ms") or 0) / 1000,
-                 row["created_at"], row.get("tags", "{}")))
+                # The ledger starts when the boot did: wall time includes boot time.
+                (row["sandbox_id"], row["cpu"], row["memory_mib"], row["created_at"] - (row.get("ttfc_ms") or 0) / 1000,
+                 (row.get("ttfc_ms") or 0) / 1000, row["created_at"], row.get("tags", "{}")))
 
     def update_sandbox(self, sandbox_id: str, **changes: Any) -> None:
         sets = ",".join(f"{k}=?" for k in changes)
