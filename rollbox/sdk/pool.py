@@ -66,9 +66,11 @@ class SandboxPool:
         self.keep_warm_seconds = keep_warm_seconds
         self._client = client or default_client()
         self._reaper = cf.ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="rollbox-teardown")
-        # Held from a sandbox's restore until its teardown is done: at most `max_concurrency`
-        # sandboxes exist at once, even while results stream out ahead of teardowns.
-        self._slots = threading.BoundedSemaphore(max_concurrency)
+        # Held from a sandbox's restore until its teardown is done, so the number of this
+        # pool's sandboxes is bounded (max_concurrency running + a few being torn down) even
+        # when teardown is slower than episodes; the slack lets the next episode start while
+        # the last one's sandbox is still being deleted.
+        self._slots = threading.BoundedSemaphore(max_concurrency + max(2, max_concurrency // 2))
         # Every episode sandbox carries this tag, so close() can find one whose create reply
         # was lost (a daemon crash mid-request) and would otherwise live until its TTL.
         self.pool_id = secrets.token_hex(8)

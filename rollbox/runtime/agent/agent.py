@@ -473,7 +473,7 @@ def main():
         pass
     load_key()
     global _pool
-    _pool = Workers(8)
+    _pool = Workers(4)
     threading.Thread(target=reaper, daemon=True).start()
     send({"id": 0, "ok": True, "event": "ready", "pid": os.getpid(), "protocol": PROTOCOL})
     while True:
