@@ -276,3 +276,14 @@ def test_identity_env_reaches_later_execs(agent):
     agent.request("identity", env={})
     out = agent.exec(["sh", "-c", 'echo "${FOO-unset}"'])
     assert out["stdout_raw"] == b"unset\n"
+
+
+def test_agent_hmac_matches_stdlib():
+    import hashlib
+    import hmac as std_hmac
+
+    import rollbox.runtime.agent.agent as A
+
+    for key in (b"", b"k", bytes(range(32)), b"x" * 100):
+        for data in (b"", b"{}", b"y" * 10_000):
+            assert A.hmac_sha256(key, data) == std_hmac.new(key, data, hashlib.sha256).digest()
