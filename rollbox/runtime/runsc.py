@@ -22,6 +22,24 @@ INSTALL_HINT = (
 )
 
 
+def runsc_processes(container_id: str) -> list[tuple[int, str]]:
+    """(pid, "sandbox" | "gofer") of the runsc processes that serve one container, found by
+    their command lines (runsc names them runsc-sandbox / runsc-gofer)."""
+    out = []
+    needle = container_id.encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0] in (b"runsc-sandbox", b"runsc-gofer") and any(needle in a for a in argv):
+            out.append((int(name), argv[0].decode().removeprefix("runsc-")))
+    return out
+
+
 @dataclass(frozen=True)
 class RunscResult:
     returncode: int

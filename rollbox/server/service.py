@@ -28,7 +28,7 @@ from ..runtime.bundle import BundleSpec, write_bundle
 from ..runtime.channel import AgentChannel, AgentError, make_fifos, open_for_sandbox
 from ..runtime.reaper import Reaper
 from ..runtime.rootfs import copy_tree, disk_free_bytes, mount_overlay, remove_tree, unmount
-from ..runtime.runsc import Runsc
+from ..runtime.runsc import Runsc, runsc_processes
 from ..snapshots.store import SnapshotMeta, SnapshotStore, new_snapshot_id
 from ..types import SandboxInfo
 from ..volumes.store import VolumeStore, check_mount_path, check_name
@@ -298,33 +298,15 @@ class SandboxService:
 
     @staticmethod
     def _kill_container_processes(cid: str) -> None:
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
+        for pid, _role in runsc_processes(cid):
             try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
+                os.kill(pid, 9)
             except OSError:
-                continue
-            if argv and argv[0] in (b"runsc-sandbox", b"runsc-gofer") and any(cid.encode() in a for a in argv):
-                try:
-                    os.kill(int(name), 9)
-                except OSError:
-                    pass
+                pass
 
     @staticmethod
     def _find_sandbox_pid(cid: str) -> int | None:
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
-            except OSError:
-                continue
-            if argv and argv[0] == b"runsc-sandbox" and cid.encode() in argv:
-                return int(name)
-        return None
+        return next((pid for pid, role in runsc_processes(cid) if role == "sandbox"), None)
 
     async def create(self, *, image_id: str, cpu: float = 1.0, memory_mib: int = 1024,
                      env: dict[str, str] | None = None, keep_warm_seconds: float | None = 600,
