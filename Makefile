@@ -7,7 +7,7 @@ STAMPS := .stamps
 ROLLBOX_HOME ?= /var/lib/rollbox
 export ROLLBOX_HOME
 
-.PHONY: setup host venv base-image demo test test-unit test-system bench clean-state doctor
+.PHONY: setup host venv base-image demo test test-unit test-system bench clean-state doctor typecheck
 
 setup: host venv base-image
 
@@ -43,3 +43,7 @@ test-system: setup
 
 bench: setup
 	$(VENV)/bin/python -m bench.bench
+
+typecheck: $(STAMPS)/venv
+	$(VENV)/bin/pip install -q mypy >/dev/null
+	$(VENV)/bin/mypy rollbox --ignore-missing-imports

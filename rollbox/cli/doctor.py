@@ -26,8 +26,8 @@ def run_checks(paths: Paths) -> list[Check]:
     runsc = shutil.which("runsc")
     ver = ""
     if runsc:
-        ver = subprocess.run([runsc, "--version"], capture_output=True, text=True).stdout.splitlines()[0:1]
-        ver = ver[0] if ver else ""
+        lines = subprocess.run([runsc, "--version"], capture_output=True, text=True).stdout.splitlines()
+        ver = lines[0] if lines else ""
     out.append(Check("runsc", bool(runsc) and "2024" in ver, ver or "not found",
                      INSTALL_HINT if not runsc else "need the bookworm-backports build (20240729) for systrap: " + INSTALL_HINT))
     mem = Path("/sys/fs/cgroup/memory")

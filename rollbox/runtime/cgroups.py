@@ -20,7 +20,7 @@ def cgroup_path(container_id: str, parent: str = PARENT) -> str:
 
 def controller_dirs(container_id: str, parent: str = PARENT) -> list[Path]:
     """Every existing directory of this sandbox's cgroup, across v1 controllers and v2."""
-    out = []
+    out: list[Path] = []
     if not CGROUP_ROOT.exists():
         return out
     for ctl in sorted(os.listdir(CGROUP_ROOT)):

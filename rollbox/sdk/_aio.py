@@ -31,7 +31,7 @@ class synchronized(Generic[T]):  # noqa: N801 - used as a decorator
 
     def __init__(self, fn: Callable[..., T]) -> None:
         self._fn = fn
-        functools.update_wrapper(self, fn)
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:

@@ -124,7 +124,7 @@ def create_app(service: SandboxService) -> FastAPI:
 
     @app.get("/sandboxes")
     async def list_sandboxes(all: bool = False) -> list[dict[str, Any]]:  # noqa: A002 - query name
-        return [asdict(i) for i in service.list(all)]
+        return [asdict(i) for i in service.list_sandboxes(all)]
 
     @app.get("/sandboxes/{sandbox_id}")
     async def get_sandbox(sandbox_id: str) -> dict[str, Any]:

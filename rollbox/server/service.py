@@ -178,7 +178,7 @@ class SandboxService:
                                          sandbox_id=sandbox_id)
         return self.store.sandbox_info(row)
 
-    def list(self, all_states: bool = False) -> list[SandboxInfo]:
+    def list_sandboxes(self, all_states: bool = False) -> list[SandboxInfo]:
         rows = self.store.list_rows(None if all_states else (*LIVE_STATES, "paused"))
         return [self.store.sandbox_info(r) for r in rows]
 

@@ -9,6 +9,8 @@ volume (`..`, symlinks pointing outside).
 
 from __future__ import annotations
 
+import builtins
+
 import os
 import re
 import shutil
@@ -168,7 +170,7 @@ class VolumeStore:
         finally:
             os.close(fd)
 
-    def list_files(self, name: str, path: str = "/") -> list[dict[str, object]]:
+    def list_files(self, name: str, path: str = "/") -> builtins.list[dict[str, object]]:
         target = self.resolve(name, path)
         if not target.is_dir():
             raise NotFound(f"no directory {path!r} in volume {name!r}")

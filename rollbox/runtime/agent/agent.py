@@ -44,9 +44,9 @@ KILL_GRACE_S = 0.2
 _out_lock = threading.Lock()
 _children_lock = threading.Lock()
 # pid -> [event, status]; the reaper fills status for the pids execs wait on.
-_waiters = {}
+_waiters: dict = {}  # type: ignore[type-arg]
 _have_children = threading.Event()
-_identity = {"env": {}}
+_identity: dict = {"env": {}}  # type: ignore[type-arg]
 
 
 class Workers:
@@ -105,7 +105,7 @@ except ImportError:  # pragma: no cover - Python builds without it
     from hashlib import sha256 as _sha256
 
 
-_pads = {}
+_pads: dict = {}  # type: ignore[type-arg]
 
 
 def hmac_sha256(key, data):
