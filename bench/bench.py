@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import ctypes
 import json
 import os
 import secrets
@@ -53,6 +52,7 @@ from typing import Any
 from rollbox.config import Paths
 from rollbox.errors import RollboxError
 from rollbox.runtime.bundle import BundleSpec, oci_spec
+from rollbox.runtime.reaper import Reaper, become_subreaper
 from rollbox.sdk.image import Image
 from rollbox.sdk.pool import SandboxPool
 from rollbox.sdk.sandbox import Sandbox, SandboxInstance, default_client
@@ -101,31 +101,6 @@ def log(msg: str) -> None:
 
 # ---- reaping orphaned raw sandboxes --------------------------------------------------------
 
-def become_subreaper() -> bool:
-    libc = ctypes.CDLL(None, use_errno=True)
-    return bool(libc.prctl(36, 1, 0, 0, 0) == 0)  # PR_SET_CHILD_SUBREAPER
-
-
-def _children() -> set[int]:
-    pids: set[int] = set()
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/children") as f:
-                pids.update(int(p) for p in f.read().split())
-        except OSError:
-            continue
-    return pids
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return ""
-    return stat[stat.find("(") + 1:stat.rfind(")")]
-
-
 class OrphanReaper:
     """Reaps adopted runsc sandbox/gofer processes (comm `exe`), never our own subprocesses."""
 
@@ -139,13 +114,9 @@ class OrphanReaper:
         return self
 
     def _loop(self, interval_s: float) -> None:
+        reaper = Reaper()  # its sweep reaps only adopted runsc processes, never our subprocesses
         while not self._stop.wait(interval_s):
-            for pid in _children():
-                if _comm(pid) == "exe":
-                    try:
-                        os.waitpid(pid, os.WNOHANG)
-                    except ChildProcessError:
-                        pass
+            reaper.sweep()
 
     def stop(self) -> None:
         self._stop.set()

@@ -30,50 +30,38 @@ def controller_dirs(container_id: str, parent: str = PARENT) -> list[Path]:
     return out
 
 
+def _read_int(path: Path, key: str | None = None) -> int | None:
+    """A cgroup file's integer, or with `key` the value on its `key value` line; None if absent."""
+    try:
+        text = path.read_text()
+        if key is None:
+            return int(text)
+        for line in text.splitlines():
+            k, _, v = line.partition(" ")
+            if k == key:
+                return int(v)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def oom_killed(container_id: str, parent: str = PARENT) -> bool:
-    """True when the kernel OOM-killed anything in the sandbox's memory cgroup."""
-    f = CGROUP_ROOT / "memory" / parent / container_id / "memory.oom_control"
-    try:
-        for line in f.read_text().splitlines():
-            k, _, v = line.partition(" ")
-            if k == "oom_kill" and int(v) > 0:
-                return True
-    except (OSError, ValueError):
-        pass
-    v2 = CGROUP_ROOT / "unified" / parent / container_id / "memory.events"
-    try:
-        for line in v2.read_text().splitlines():
-            k, _, v = line.partition(" ")
-            if k == "oom_kill" and int(v) > 0:
-                return True
-    except (OSError, ValueError):
-        pass
+    """True when the kernel OOM-killed anything in the sandbox's memory cgroup (v1 or v2)."""
+    for f in (CGROUP_ROOT / "memory" / parent / container_id / "memory.oom_control",
+              CGROUP_ROOT / "unified" / parent / container_id / "memory.events"):
+        if (_read_int(f, "oom_kill") or 0) > 0:
+            return True
     return False
-
-
-def memory_usage_bytes(container_id: str, parent: str = PARENT) -> int | None:
-    f = CGROUP_ROOT / "memory" / parent / container_id / "memory.usage_in_bytes"
-    try:
-        return int(f.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def cpu_seconds(container_id: str, parent: str = PARENT) -> float | None:
     """CPU time the sandbox used so far (cgroup v1 cpuacct.usage, nanoseconds)."""
-    f = CGROUP_ROOT / "cpuacct" / parent / container_id / "cpuacct.usage"
-    try:
-        return int(f.read_text()) / 1e9
-    except (OSError, ValueError):
-        return None
+    ns = _read_int(CGROUP_ROOT / "cpuacct" / parent / container_id / "cpuacct.usage")
+    return None if ns is None else ns / 1e9
 
 
 def peak_memory_bytes(container_id: str, parent: str = PARENT) -> int | None:
-    f = CGROUP_ROOT / "memory" / parent / container_id / "memory.max_usage_in_bytes"
-    try:
-        return int(f.read_text())
-    except (OSError, ValueError):
-        return None
+    return _read_int(CGROUP_ROOT / "memory" / parent / container_id / "memory.max_usage_in_bytes")
 
 
 def remove(container_id: str, parent: str = PARENT) -> list[Path]:

@@ -111,8 +111,3 @@ class Reaper:
                 continue
             n += 1 if got else 0
         return n
-
-    async def run_sweeper(self, interval_s: float = 0.5) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            self.sweep()

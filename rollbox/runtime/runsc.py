@@ -8,7 +8,6 @@ sandbox's filesystem snapshot), and `--network=none` (loopback only) until netwo
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -100,15 +99,6 @@ class Runsc:
         tail = log_path.read_bytes()[-2000:] if log_path.exists() else b""
         return RunscResult(rc, b"", tail)
 
-    async def state(self, container_id: str) -> dict[str, object] | None:
-        res = await self.run("state", container_id, timeout=20)
-        if res.returncode != 0:
-            return None
-        try:
-            return dict(json.loads(res.stdout))
-        except ValueError:
-            return None
-
     async def list_ids(self) -> list[str]:
         res = await self.run("list", "-quiet", timeout=30)
         return [line for line in res.stdout.decode().split() if line]
@@ -137,13 +127,3 @@ class Runsc:
                 p.unlink()
             except OSError:
                 pass
-
-    async def pause(self, container_id: str) -> RunscResult:
-        return await self.run("pause", container_id, timeout=60)
-
-    async def resume(self, container_id: str) -> RunscResult:
-        return await self.run("resume", container_id, timeout=60)
-
-    async def version(self) -> str:
-        res = await self.run("--version", timeout=10)
-        return res.stdout.decode().splitlines()[0] if res.stdout else ""

@@ -130,9 +130,6 @@ class Store:
             self.db.execute("UPDATE usage SET peak_memory_bytes=MAX(peak_memory_bytes, ?) WHERE sandbox_id=?",
                             (peak_bytes, sandbox_id))
 
-    def touch(self, sandbox_id: str) -> None:
-        self.db.execute("UPDATE sandboxes SET last_active_at=? WHERE sandbox_id=?", (time.time(), sandbox_id))
-
     def get_row(self, sandbox_id: str) -> sqlite3.Row | None:
         cur = self.db.execute("SELECT * FROM sandboxes WHERE sandbox_id=?", (sandbox_id,))
         row: sqlite3.Row | None = cur.fetchone()
@@ -157,11 +154,6 @@ class Store:
         self.db.execute("INSERT INTO snapshots (snapshot_id, source_sandbox_id, image_id, created_at, internal, kind, "
                         "expires_at) VALUES (?,?,?,?,?,?,?)",
                         (snapshot_id, source, image_id, time.time(), int(internal), kind, expires_at))
-
-    def snapshot_row(self, snapshot_id: str) -> sqlite3.Row | None:
-        row: sqlite3.Row | None = self.db.execute("SELECT * FROM snapshots WHERE snapshot_id=?",
-                                                  (snapshot_id,)).fetchone()
-        return row
 
     def snapshot_rows(self) -> list[sqlite3.Row]:
         return list(self.db.execute("SELECT * FROM snapshots ORDER BY created_at"))

@@ -51,12 +51,6 @@ def test_update_and_list(store):
     assert a["ended_at"] == t + 5
 
 
-def test_touch(store):
-    store.insert_sandbox(**row("sb-1", last_active_at=1.0))
-    store.touch("sb-1")
-    assert store.get_row("sb-1")["last_active_at"] > 1.0
-
-
 def test_usage(store):
     t = time.time() - 100
     store.insert_sandbox(**row("sb-done", created_at=t))
