@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from .. import errors
@@ -51,6 +53,38 @@ AGENT_ERRORS: dict[str, type[errors.RollboxError]] = {
 
 
 ARG_MAX = 1024 * 1024  # bytes of argv + env per exec (Linux's default ARG_MAX is 2 MiB)
+
+
+@contextlib.contextmanager
+def in_use(counts: dict[str, int], keys: list[str]) -> Iterator[None]:
+    """Counts `keys` as in use for the duration (a reference count that deletes refuse on)."""
+    for k in keys:
+        counts[k] = counts.get(k, 0) + 1
+    try:
+        yield
+    finally:
+        for k in keys:
+            counts[k] -= 1
+            if not counts[k]:
+                del counts[k]
+
+
+def ended_error(sandbox_id: str, reason: str | None) -> errors.RollboxError:
+    """The error for using a sandbox that ended for `reason`: retryable (`SandboxLost`) only when
+    it died without cause from the workload or a request, final (`SandboxTerminated`) otherwise."""
+    if reason == "channel_corrupted":
+        return errors.SandboxTerminated(
+            f"sandbox {sandbox_id} ended ({reason}): a process inside it wrote into the agent channel (a forged "
+            "or corrupt reply); the workload ended the sandbox, create a new one", sandbox_id=sandbox_id)
+    if reason == "init_exited":
+        return errors.SandboxTerminated(
+            f"sandbox {sandbox_id} ended ({reason}): a process inside it killed its init (the rollbox agent); "
+            "the workload ended the sandbox, not a platform fault; create a new one", sandbox_id=sandbox_id)
+    if reason in (None, "exited", "lost"):
+        return errors.SandboxLost(f"sandbox {sandbox_id} died unexpectedly ({reason or 'unknown'}); retry on a new "
+                                  "sandbox", sandbox_id=sandbox_id)
+    return errors.SandboxTerminated(f"sandbox {sandbox_id} is no longer running ({reason}); create a new one",
+                                    sandbox_id=sandbox_id)
 
 
 def check_limits(cpu: float, memory_mib: int) -> None:
@@ -139,16 +173,7 @@ class SandboxService:
             raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found: list sandboxes with `rollbox ps`",
                                          sandbox_id=sandbox_id)
         reason = (lv.exit_reason if lv else None) or (row["exit_reason"] if row else None) or "terminated"
-        if reason in ("init_exited", "channel_corrupted"):
-            raise errors.SandboxTerminated(f"sandbox {sandbox_id} ended ({reason}): a process inside it broke its init "
-                                           "(the rollbox agent); create a new one", sandbox_id=sandbox_id)
-        if reason in ("exited", "lost"):
-            # It died without being asked to: an infrastructure fault, retryable elsewhere.
-            raise errors.SandboxLost(f"sandbox {sandbox_id} died unexpectedly ({reason}); retry on a new sandbox",
-                                     sandbox_id=sandbox_id)
-        raise errors.SandboxTerminated(
-            f"sandbox {sandbox_id} is no longer running ({reason}); create a new one",
-            sandbox_id=sandbox_id)
+        raise ended_error(sandbox_id, reason)
 
     def _lock(self, sandbox_id: str) -> asyncio.Lock:
         return self._locks.setdefault(sandbox_id, asyncio.Lock())
@@ -184,11 +209,7 @@ class SandboxService:
 
     # ---- boot ----------------------------------------------------------------------------
 
-    async def _boot(self, **kw: Any) -> SandboxInfo:
-        async with self._boots:
-            return await self._boot_now(**kw)
-
-    async def _boot_now(self, *, sandbox_id: str, image_id: str, cpu: float, memory_mib: int,
+    async def _boot(self, *, sandbox_id: str, image_id: str, cpu: float, memory_mib: int,
                     env: dict[str, str], keep_warm_seconds: float | None,
                     snapshot: SnapshotMeta | None = None, fork_index: int | None = None,
                     volumes: list[dict[str, str]] | None = None, tags: dict[str, str] | None = None,
@@ -199,22 +220,16 @@ class SandboxService:
         if snapshot is not None:
             volumes = snapshot.volumes  # a restore must mount exactly what was captured
         volumes = list(volumes or [])
-        names = [v["name"] for v in volumes]
-        for n in names:
-            self._volume_users[n] = self._volume_users.get(n, 0) + 1
-        try:
+        # The sandbox's row exists only once it runs: count its volumes as in use meanwhile.
+        with in_use(self._volume_users, [v["name"] for v in volumes]):
             binds = tuple((str(self.volumes.ensure(v["name"])), v["mount_path"]) for v in volumes)
-            return await self._boot_with(sandbox_id=sandbox_id, image_id=image_id, cpu=cpu, memory_mib=memory_mib,
+            async with self._boots:
+                return await self._start(sandbox_id=sandbox_id, image_id=image_id, cpu=cpu, memory_mib=memory_mib,
                                          env=env, keep_warm_seconds=keep_warm_seconds, snapshot=snapshot,
                                          fork_index=fork_index, volumes=volumes, tags=tags, resume=resume,
                                          binds=binds, t0=t0)
-        finally:
-            for n in names:
-                self._volume_users[n] -= 1
-                if not self._volume_users[n]:
-                    del self._volume_users[n]
 
-    async def _boot_with(self, *, sandbox_id: str, image_id: str, cpu: float, memory_mib: int,
+    async def _start(self, *, sandbox_id: str, image_id: str, cpu: float, memory_mib: int,
                          env: dict[str, str], keep_warm_seconds: float | None, snapshot: SnapshotMeta | None,
                          fork_index: int | None, volumes: list[dict[str, str]], tags: dict[str, str] | None,
                          resume: bool, binds: tuple[tuple[str, str], ...], t0: float) -> SandboxInfo:
@@ -341,15 +356,10 @@ class SandboxService:
     async def restore(self, snapshot_id: str, *, keep_warm_seconds: float | None = 600,
                       fork_index: int | None = None, tags: dict[str, str] | None = None) -> SandboxInfo:
         meta = self.snapshots.meta(snapshot_id)
-        self._snapshot_users[snapshot_id] = self._snapshot_users.get(snapshot_id, 0) + 1
-        try:
+        with in_use(self._snapshot_users, [snapshot_id]):
             return await self._boot(sandbox_id=new_sandbox_id(), image_id=meta.image_id, cpu=meta.cpu,
                                     memory_mib=meta.memory_mib, env=meta.env, keep_warm_seconds=keep_warm_seconds,
                                     snapshot=meta, fork_index=fork_index, tags=tags)
-        finally:
-            self._snapshot_users[snapshot_id] -= 1
-            if not self._snapshot_users[snapshot_id]:
-                del self._snapshot_users[snapshot_id]
 
     # ---- pause / resume ------------------------------------------------------------------
 
@@ -463,27 +473,28 @@ class SandboxService:
         lv.channel.fail(f"the sandbox ended ({lv.exit_reason})")
         self.spawn(self.terminate(sandbox_id, reason=lv.exit_reason))
 
-    async def _loss_error(self, lv: Live) -> errors.RollboxError:
-        """The error for a request cut off by the sandbox ending: waits (briefly) for the
-        ending to be classified, then picks a retryable or final error."""
-        for _ in range(40):
-            if lv.exit_reason is not None:
-                break
+    @staticmethod
+    async def _await_ending(lv: Live, wait_s: float = 4.0) -> None:
+        """Waits (briefly) for a sandbox that ended by itself to have its ending classified."""
+        deadline = time.monotonic() + wait_s
+        while lv.exit_reason is None and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        sid = lv.sandbox_id
-        reason = lv.exit_reason
-        if reason == "channel_corrupted":
-            return errors.SandboxTerminated(
-                f"sandbox {sid} ended: a process inside it wrote into the agent channel (a forged or "
-                "corrupt reply); the workload ended the sandbox", sandbox_id=sid)
-        if reason == "init_exited":
-            return errors.SandboxTerminated(
-                f"sandbox {sid} ended: a process inside it killed its init (the rollbox agent); "
-                "the workload ended the sandbox, this is not a platform fault", sandbox_id=sid)
-        if reason in (None, "exited", "lost"):
-            return errors.SandboxLost(f"sandbox {sid} died unexpectedly ({reason or 'unknown'}); retry on a new sandbox",
-                                      sandbox_id=sid)
-        return errors.SandboxTerminated(f"sandbox {sid} was terminated ({reason}) during the request", sandbox_id=sid)
+
+    async def _request(self, lv: Live, op: str, wait_s: float | None, **fields: Any) -> dict[str, Any]:
+        """One agent request. A sandbox that stops answering (alive but wedged, e.g. by a fork
+        bomb) is terminated rather than left never answering again; a request cut off by the
+        sandbox ending raises the error that ending calls for (`ended_error`)."""
+        try:
+            return await lv.channel.request(op, wait_s=wait_s, **fields)
+        except errors.SandboxLost as lost:
+            sid = lv.sandbox_id
+            if lv.channel.closed_reason is None:
+                log.warning("sandbox %s did not answer %s in %s s; terminating it", sid, op, wait_s)
+                self.spawn(self.terminate(sid, reason="unresponsive"))
+                raise errors.SandboxLost(f"sandbox {sid} stopped answering `{op}` within {wait_s} s; it was "
+                                         "terminated", sandbox_id=sid) from lost
+            await self._await_ending(lv)
+            raise ended_error(sid, lv.exit_reason) from None
 
     async def terminate(self, sandbox_id: str, reason: str = "terminated") -> SandboxInfo:
         """Stops the sandbox and removes all it made on the host. Idempotent."""
@@ -581,23 +592,15 @@ class SandboxService:
         started = time.monotonic()
         lv.busy += 1
         try:
-            reply = await lv.channel.request(
-                "exec", wait_s=None if timeout is None else timeout + 30.0, argv=argv, env=env or {}, cwd=cwd,
+            reply = await self._request(
+                lv, "exec", None if timeout is None else timeout + 30.0, argv=argv, env=env or {}, cwd=cwd,
                 stdin=stdin, timeout=timeout, max_output=max_output or DEFAULT_MAX_OUTPUT)
-        except errors.SandboxLost as lost:
-            if lv.channel.closed_reason is None:
-                # The agent stopped answering but the sandbox lives: it is wedged (e.g. a fork
-                # bomb); end it rather than leave a sandbox that never answers again.
-                log.warning("sandbox %s did not answer an exec; terminating it", sandbox_id)
-                self.spawn(self.terminate(sandbox_id, reason="unresponsive"))
-                raise errors.SandboxLost(f"sandbox {sandbox_id} stopped answering (exec timeout + 30 s); "
-                                         "it was terminated", sandbox_id=sandbox_id) from lost
-            if lv.exit_reason is None:
-                await self._loss_error(lv)
+        except errors.RollboxError:
+            # Running out of memory ends the whole sandbox: report it on the exec that did it.
             if lv.exit_reason == "oom" or cgroups.oom_killed(container_id(sandbox_id), self.cg):
                 return {"exit_code": 137, "oom_killed": True, "stdout": "", "stderr": "", "timed_out": False,
                         "truncated": False, "duration_s": time.monotonic() - started}
-            raise await self._loss_error(lv) from None
+            raise
         finally:
             lv.busy -= 1
             lv.last_active = time.monotonic()
@@ -607,12 +610,7 @@ class SandboxService:
     async def _agent(self, sandbox_id: str, op: str, **fields: Any) -> dict[str, Any]:
         lv = await self._running(sandbox_id)
         try:
-            return await lv.channel.request(op, wait_s=120.0, **fields)
-        except errors.SandboxLost:
-            if lv.channel.closed_reason is None:
-                self.spawn(self.terminate(sandbox_id, reason="unresponsive"))
-                raise
-            raise await self._loss_error(lv) from None
+            return await self._request(lv, op, 120.0, **fields)
         except AgentError as e:
             cls = AGENT_ERRORS.get(e.kind, errors.RollboxError)
             raise cls(f"{op} in sandbox {sandbox_id}: {e.message}", sandbox_id=sandbox_id) from None
