@@ -38,7 +38,6 @@ import concurrent.futures as cf
 import json
 import os
 import secrets
-import signal
 import shutil
 import subprocess
 import sys
@@ -49,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollbox.client.transport import stop_daemon
 from rollbox.config import Paths
 from rollbox.errors import RollboxError
 from rollbox.runtime.bundle import BundleSpec, oci_spec
@@ -582,29 +582,6 @@ def use_private_home() -> Path:
     return PRIVATE_HOME
 
 
-def stop_daemon(home: Path, timeout_s: float = 15.0) -> None:
-    """SIGTERMs the daemon that this run started in `home` (its pid is in daemon.lock)."""
-    try:
-        pid = int((home / "daemon.lock").read_text().strip())
-    except (OSError, ValueError):
-        return
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                return
-        except ChildProcessError:  # not our child: wait for it to vanish
-            if not Path(f"/proc/{pid}").exists():
-                return
-        time.sleep(0.05)
-    log(f"daemon {pid} did not stop in {timeout_s:.0f} s; killing it")
-    os.kill(pid, signal.SIGKILL)
-
-
 # ---- main ----------------------------------------------------------------------------------------
 
 def series(name: str, n: int, fn: Callable[[], float]) -> list[float]:
@@ -688,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
         raw.destroy_all()
         remove_cgroups()
         if home is not None:
-            stop_daemon(home)
+            stop_daemon(Paths(home))
         reaper.stop()
         unmount_under(WORK)
         shutil.rmtree(WORK, ignore_errors=True)

@@ -9,9 +9,7 @@ the end of the session; sandboxes and snapshots the user made are never seen.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,21 +46,6 @@ def _provision_base_image() -> None:
     store.ensure_debian()
 
 
-def _stop_test_daemon() -> None:
-    lock = TEST_HOME / "daemon.lock"
-    try:
-        pid = int(lock.read_text().strip())
-        os.kill(pid, signal.SIGTERM)
-    except (OSError, ValueError):
-        return
-    for _ in range(100):
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return
-        time.sleep(0.05)
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _test_home(request: pytest.FixtureRequest) -> Iterator[Path]:
     needs_system = any(("tests/system" in str(item.fspath) or "tests/security" in str(item.fspath))
@@ -71,4 +54,7 @@ def _test_home(request: pytest.FixtureRequest) -> Iterator[Path]:
         _provision_base_image()
     yield TEST_HOME
     if needs_system:
-        _stop_test_daemon()
+        from rollbox.client.transport import stop_daemon
+        from rollbox.config import Paths
+
+        stop_daemon(Paths(TEST_HOME))

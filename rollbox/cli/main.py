@@ -184,38 +184,18 @@ def daemon_status() -> None:
     print(f"running: pid {h['pid']}, version {h['version']}, {h['sandboxes']} live sandboxes, {c.base_url}")
 
 
-def _stop_daemon() -> bool:
-    import os
-    import signal
-    paths = Paths.from_env()
-    try:
-        pid = int(paths.daemon_lock.read_text().strip())
-    except (OSError, ValueError):
-        return False
-    from ..client.transport import Client
-    c = Client(autostart=False)
-    if not c._lock_held():
-        return False
-    os.kill(pid, signal.SIGTERM)
-    for _ in range(200):
-        if not c._lock_held():
-            return True
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-    return True
-
-
 @daemon_app.command("stop")
 def daemon_stop() -> None:
     """Stop the local daemon. Sandboxes keep running; the next SDK call starts it again."""
-    print("stopped" if _stop_daemon() else "not running")
+    from ..client.transport import stop_daemon
+    print("stopped" if stop_daemon(Paths.from_env()) else "not running")
 
 
 @daemon_app.command("restart")
 def daemon_restart() -> None:
     """Stop and start the local daemon (it re-adopts running sandboxes)."""
-    _stop_daemon()
-    from ..client.transport import Client
+    from ..client.transport import Client, stop_daemon
+    stop_daemon(Paths.from_env())
     c = Client()
     c.ensure_daemon()
     h = c.request("GET", "/health")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json as _json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,6 +23,46 @@ from .. import errors
 from ..config import Paths
 
 DAEMON_START_TIMEOUT_S = 90.0
+
+
+def daemon_running(paths: Paths) -> bool:
+    """True while some daemon process holds this state directory's lock."""
+    try:
+        with open(paths.daemon_lock, "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return False
+    except OSError:
+        return False
+
+
+def stop_daemon(paths: Paths, timeout_s: float = 10.0) -> bool:
+    """Stops the daemon serving `paths.home`: SIGTERM, wait until it has released its lock
+    (reaping it if this process started it), SIGKILL after `timeout_s` seconds. Its sandboxes
+    keep running. Returns False when no daemon was running."""
+    try:
+        pid = int(paths.daemon_lock.read_text().strip())
+    except (OSError, ValueError):
+        return False
+    if not daemon_running(paths):
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while daemon_running(paths) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if daemon_running(paths):
+        os.kill(pid, signal.SIGKILL)
+    for _ in range(100):  # the lock goes just before the process: reap our own child
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                break
+        except ChildProcessError:
+            break
+        time.sleep(0.02)
+    return True
 
 
 class Client:
@@ -81,17 +122,7 @@ class Client:
         self._checked = True
 
     def _lock_held(self) -> bool:
-        """True while some daemon process holds this state directory's lock."""
-        try:
-            with open(self.paths.daemon_lock, "a") as f:
-                try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    return True
-                fcntl.flock(f, fcntl.LOCK_UN)
-                return False
-        except OSError:
-            return False
+        return daemon_running(self.paths)
 
     def _spawn_daemon(self) -> None:
         env = dict(os.environ, ROLLBOX_HOME=str(self.paths.home))

@@ -5,16 +5,14 @@ own (not tmpfs: tmpfs pages written by the gofer count against the sandbox's mem
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 import rollbox
 from rollbox import Sandbox, Volume
-from rollbox.client.transport import Client
+from rollbox.client.transport import Client, stop_daemon
 from rollbox.config import Paths
 
 from .conftest import host_traces
@@ -40,14 +38,7 @@ def small_home(paths, tmp_path_factory):  # type: ignore[no-untyped-def]
         try:
             for s in client.request("GET", "/sandboxes"):
                 client.request("DELETE", f"/sandboxes/{s['sandbox_id']}")
-            pid = int(small.daemon_lock.read_text())
-            os.kill(pid, signal.SIGTERM)
-            for _ in range(100):
-                try:
-                    os.kill(pid, 0)
-                except OSError:
-                    break
-                time.sleep(0.05)
+            stop_daemon(small)
         finally:
             client.close()
             subprocess.run(["umount", str(home)], check=False)
