@@ -60,6 +60,19 @@ def remove_tree(path: Path) -> None:
             subprocess.run(["rm", "-rf", str(path)], capture_output=True)
 
 
+def tree_usage(path: Path) -> tuple[int, int]:
+    """(bytes, files) under `path`: apparent sizes of regular files and links, not followed."""
+    size = files = 0
+    for root, _dirs, names in os.walk(path):
+        for n in names:
+            try:
+                size += os.lstat(os.path.join(root, n)).st_size
+                files += 1
+            except OSError:
+                pass
+    return size, files
+
+
 def disk_free_bytes(path: Path) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize

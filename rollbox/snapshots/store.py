@@ -12,13 +12,12 @@ processes find the filesystem they left.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import InvalidArgument, SnapshotNotFound
-from ..runtime.rootfs import remove_tree
+from ..runtime.rootfs import remove_tree, tree_usage
 
 
 @dataclass(frozen=True)
@@ -68,14 +67,7 @@ class SnapshotStore:
             raise SnapshotNotFound(f"snapshot {snapshot_id!r} not found: list them with `rollbox snapshot ls`") from None
 
     def size_bytes(self, snapshot_id: str) -> int:
-        total = 0
-        for root, _dirs, files in os.walk(self.dir(snapshot_id)):
-            for f in files:
-                try:
-                    total += os.lstat(os.path.join(root, f)).st_size
-                except OSError:
-                    pass
-        return total
+        return tree_usage(self.dir(snapshot_id))[0]
 
     def remove(self, snapshot_id: str) -> None:
         remove_tree(self.dir(snapshot_id))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InvalidArgument, NotFound, ResourceExhausted, VolumeNotFound
+from ..runtime.rootfs import tree_usage
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
@@ -81,14 +82,7 @@ class VolumeStore:
         if not d.is_dir():
             raise VolumeNotFound(f"volume {name!r} not found: it is created when a sandbox first mounts it, "
                                  "or with `rollbox volume put`")
-        size = files = 0
-        for root, _dirs, fnames in os.walk(d):
-            for f in fnames:
-                try:
-                    size += os.lstat(os.path.join(root, f)).st_size
-                    files += 1
-                except OSError:
-                    pass
+        size, files = tree_usage(d)
         return VolumeInfo(name, str(d), d.stat().st_ctime, size, files)
 
     def list(self) -> list[VolumeInfo]:

@@ -265,6 +265,18 @@ def op_exec(req):
     timed_out = False
     exited_at = None
     deadline = start + timeout if timeout else None
+
+    def take(fd):
+        """Reads one chunk: counts it, keeps what fits under the cap; False at EOF."""
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return False
+        totals[fd] += len(chunk)
+        room = cap - len(bufs[fd])
+        if room > 0:
+            bufs[fd] += chunk[:room]
+        return True
+
     while open_fds:
         now = time.monotonic()
         if waiter[0].is_set() and exited_at is None:
@@ -281,14 +293,8 @@ def op_exec(req):
             wait = max(0.0, min(wait, deadline - now))
         ready, _, _ = select.select(open_fds, [], [], wait)
         for fd in ready:
-            chunk = os.read(fd, 65536)
-            if not chunk:
+            if not take(fd):
                 open_fds.remove(fd)
-                continue
-            totals[fd] += len(chunk)
-            room = cap - len(bufs[fd])
-            if room > 0:
-                bufs[fd] += chunk[:room]
     if timed_out:
         # Drain what is buffered, then make sure no process of this exec is left.
         kill_tree(pid, mark)
@@ -296,17 +302,8 @@ def op_exec(req):
     status = waiter[1]
     for fd in (out_r, err_r):
         try:
-            while True:
-                r, _, _ = select.select([fd], [], [], 0)
-                if not r:
-                    break
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    break
-                totals[fd] += len(chunk)
-                room = cap - len(bufs[fd])
-                if room > 0:
-                    bufs[fd] += chunk[:room]
+            while select.select([fd], [], [], 0)[0] and take(fd):
+                pass
         except OSError:
             pass
     proc.stdout.close()
