@@ -90,6 +90,10 @@ class SandboxInfo:
     paused_snapshot_id: str | None = None
     volumes: list[dict[str, str]] = field(default_factory=list)
     tags: dict[str, str] = field(default_factory=dict)
+    # Exposed ports: {"8000": "http://127.0.0.1:41234"}; network: {"block_network", "allow_list",
+    # "ports"} for a networked sandbox, None for loopback only.
+    urls: dict[str, str] = field(default_factory=dict)
+    network: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

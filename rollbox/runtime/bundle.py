@@ -45,12 +45,15 @@ class BundleSpec:
     nproc: int = 512
     # (host directory, path in the sandbox): named volumes, bind-mounted read-write.
     binds: tuple[tuple[str, str], ...] = ()
+    # A prepared network namespace (/run/netns/NAME) for gVisor's netstack; None: loopback only.
+    netns_path: str | None = None
 
 
 def oci_spec(spec: BundleSpec) -> dict[str, object]:
     env = dict(DEFAULT_ENV)
     env.update(spec.env)
-    caps = list(DEFAULT_CAPS)
+    # CAP_SYS_ADMIN for the agent alone: it drops it from the bounding set at start (agent.py).
+    caps = [*DEFAULT_CAPS, "CAP_SYS_ADMIN"]
     return {
         "ociVersion": "1.0.0",
         "process": {
@@ -80,7 +83,8 @@ def oci_spec(spec: BundleSpec) -> dict[str, object]:
               for src, dest in spec.binds),
         ],
         "linux": {
-            "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
+            "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
+            + [{"type": "network", "path": spec.netns_path} if spec.netns_path else {"type": "network"}],
             "cgroupsPath": spec.cgroup_path,
             "resources": {
                 "memory": {"limit": spec.memory_mib * 1024 * 1024},

@@ -2,7 +2,13 @@
 
 Flags follow ../shared/PLATFORM.md: the systrap platform (no KVM needed), `--overlay2=none`
 because the root filesystem is a host overlayfs per sandbox (its upper directory is the
-sandbox's filesystem snapshot), and `--network=none` (loopback only) until networking lands.
+sandbox's filesystem snapshot), and `--network=none` (loopback only) for sandboxes without networking. A networked sandbox runs
+gVisor's netstack (`--network=sandbox`) in the namespace its spec names, started through the
+work-around PLATFORM.md records: runsc takes any namespace where
+/proc/sys/net/core/rmem_default exists for the root one, so it runs in a private mount
+namespace with a tmpfs over /proc/sys/net. `--net-disconnect-ok` lets a checkpoint drop open
+TCP connections instead of failing (a server that has answered a request keeps one in
+TIME_WAIT for a minute).
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ INSTALL_HINT = (
     "install gVisor from bookworm-backports: add the 'bookworm-backports' suite to apt's "
     "sources, then `apt-get install -t bookworm-backports runsc` (or run `make setup`)"
 )
+
+NETNS_WRAPPER = ("unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+                 'mount -t tmpfs rollbox-netns /proc/sys/net && exec "$@"', "rollbox-runsc")
 
 
 def runsc_processes(container_id: str) -> list[tuple[int, str]]:
@@ -61,10 +70,11 @@ class Runsc:
         if not self.binary or not os.access(self.binary, os.X_OK):
             raise RuntimeMissing(f"gVisor runsc is not installed: {INSTALL_HINT}")
 
-    def argv(self, *verb: str) -> list[str]:
+    def argv(self, *verb: str, networked: bool = False) -> list[str]:
         self.check()
-        return [self.binary, "--root", str(self.root), f"--platform={self.platform}",
-                f"--network={self.network}", "--overlay2=none", *verb]
+        net = ["--network=sandbox", "--net-disconnect-ok"] if networked else [f"--network={self.network}"]
+        return [self.binary, "--root", str(self.root), f"--platform={self.platform}", *net,
+                "--overlay2=none", *verb]
 
     async def run(self, *verb: str, timeout: float = 60.0) -> RunscResult:
         proc = await asyncio.create_subprocess_exec(
@@ -79,16 +89,20 @@ class Runsc:
         return RunscResult(proc.returncode or 0, out, err)
 
     async def start_detached(self, verb: str, container_id: str, bundle: Path, *, stdin_fd: int,
-                             stdout_fd: int, log_path: Path, extra: tuple[str, ...] = (),
+                             stdout_fd: int, log_path: Path, extra: tuple[str, ...] = (), networked: bool = False,
                              timeout: float = 60.0) -> RunscResult:
         """`runsc run|restore -detach`: the sandbox inherits stdin/stdout (the agent channel).
 
         stderr goes to a file: a pipe would stay open in the sandbox and never reach EOF.
         The sandbox runs in its own session so that signals to the daemon do not reach it.
+        networked: gVisor's netstack in the network namespace named by the bundle's spec.
         """
+        argv = self.argv(verb, "-detach", *extra, "--bundle", str(bundle), container_id, networked=networked)
+        if networked:
+            argv = [*NETNS_WRAPPER, *argv]
         with open(log_path, "ab") as log:
             proc = await asyncio.create_subprocess_exec(
-                *self.argv(verb, "-detach", *extra, "--bundle", str(bundle), container_id),
+                *argv,
                 stdin=stdin_fd, stdout=stdout_fd, stderr=log, start_new_session=True)
         try:
             rc = await asyncio.wait_for(proc.wait(), timeout)

@@ -48,6 +48,18 @@ class Sandbox:
         env: environment variables for every command.
         volumes: `Volume(name=..., mount_path=...)` list, mounted read-write (created on first use).
         tags: labels recorded with the sandbox's usage (`rollbox usage` sums per tag).
+        ports: TCP ports in the sandbox to expose on the host at once (`list_urls()` gives
+            their URLs; `expose_port()` adds more later).
+        block_network: True (the default) blocks every outbound connection. False gives
+            outbound access (NAT through the host).
+        allow_list: with block_network=False, the only IPv4 CIDRs ("10.0.0.0/8") and host names
+            ("pypi.org") the sandbox may reach; names are resolved when it starts. None: anywhere.
+            Whatever the policy, a sandbox never reaches the daemon, the host's own addresses,
+            other sandboxes or link-local metadata (169.254.0.0/16).
+
+    A sandbox with neither ports nor outbound access has loopback only (the fastest start).
+    Otherwise it gets its own network namespace and gVisor netstack; its memory snapshots
+    restore into copies that each have their own network and URLs.
     """
 
     image: Image = field(default_factory=Image.debian)
@@ -57,6 +69,9 @@ class Sandbox:
     env: dict[str, str] = field(default_factory=dict)
     volumes: list[Volume] = field(default_factory=list)
     tags: dict[str, str] = field(default_factory=dict)
+    ports: list[int] = field(default_factory=list)
+    block_network: bool = True
+    allow_list: list[str] | None = None
     client: Client | None = field(default=None, compare=False, repr=False)
 
     def _client(self) -> Client:
@@ -71,12 +86,15 @@ class Sandbox:
             RuntimeMissing: runsc is not installed (the message says how to install it).
             DaemonUnavailable: no daemon answers and none could be started.
             SandboxLost: runsc failed to start the sandbox (nothing is left behind).
+            InvalidArgument: a port outside 1..65535, an invalid CIDR or host name in
+                allow_list, or a name that does not resolve (checked before anything is made).
         """
         c = self._client()
         info = _info(c.request("POST", "/sandboxes", json={
             "image_id": self.image.image_id, "cpu": self.cpu, "memory": self.memory, "env": self.env,
             "keep_warm_seconds": self.keep_warm_seconds, "volumes": [v.to_wire() for v in self.volumes],
-            "tags": self.tags}))
+            "tags": self.tags, "ports": list(self.ports), "block_network": self.block_network,
+            "allow_list": None if self.allow_list is None else list(self.allow_list)}))
         return SandboxInstance(info.sandbox_id, c, info)
 
     @synchronized
@@ -206,6 +224,28 @@ class SandboxInstance:
         self.saw_timeout |= res.timed_out
         self.saw_oom |= res.oom_killed
         return res
+
+    @synchronized
+    def expose_port(self, port: int) -> str:
+        """The URL ("http://127.0.0.1:PORT") on which the host reaches `port` in this sandbox,
+        for as long as the sandbox lives. Exposing a port twice returns the same URL.
+
+        Raises InvalidArgument for a port outside 1..65535 or a sandbox created without
+        networking (give `ports=` or `block_network=False` when creating it).
+        """
+        return str(self._call("POST", "ports", {"port": port})["url"])
+
+    @synchronized
+    def list_urls(self) -> dict[int, str]:
+        """{port in the sandbox: host URL} for every exposed port."""
+        return {int(p): u for p, u in self._call("GET", "ports").items()}
+
+    @synchronized
+    def update_network_permissions(self, block_network: bool = True, allow_list: list[str] | None = None) -> None:
+        """Replaces the outbound policy at once, open connections included (same arguments as
+        `Sandbox`). Raises InvalidArgument as `Sandbox.create` does."""
+        self._info = _info(self._call("PUT", "network", {"block_network": block_network,
+                                                          "allow_list": allow_list}))
 
     @synchronized
     def snapshot_memory(self, ttl: float | None = None) -> str:

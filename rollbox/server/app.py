@@ -36,6 +36,19 @@ class CreateSandbox(BaseModel):
                                            allow_inf_nan=False)
     volumes: list[VolumeMount] = Field(default_factory=list)
     tags: dict[str, str] = Field(default_factory=dict, description="labels for usage accounting")
+    ports: list[int] = Field(default_factory=list, description="TCP ports in the sandbox to expose on the host")
+    block_network: bool = Field(True, description="block all outbound traffic (the default)")
+    allow_list: list[str] | None = Field(None, description="with block_network=false: the only CIDRs and host "
+                                         "names the sandbox may reach; null: anywhere")
+
+
+class ExposePort(BaseModel):
+    port: int = Field(description="TCP port in the sandbox, 1..65535")
+
+
+class NetworkPermissions(BaseModel):
+    block_network: bool = True
+    allow_list: list[str] | None = None
 
 
 class RestoreSnapshot(BaseModel):
@@ -111,7 +124,8 @@ def create_app(service: SandboxService) -> FastAPI:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         import os
-        return {"ok": True, "version": __version__, "pid": os.getpid(), "sandboxes": len(service.live)}
+        return {"ok": True, "version": __version__, "pid": os.getpid(), "sandboxes": len(service.live),
+                "network": service.net.stats()}
 
     @app.post("/sandboxes")
     async def create(body: CreateSandbox) -> dict[str, Any]:
@@ -119,8 +133,21 @@ def create_app(service: SandboxService) -> FastAPI:
             await asyncio.to_thread(service.images.ensure_debian)
         info = await service.create(image_id=body.image_id, cpu=body.cpu, memory_mib=body.memory, env=body.env,
                                     keep_warm_seconds=body.keep_warm_seconds,
-                                    volumes=[v.model_dump() for v in body.volumes], tags=body.tags)
+                                    volumes=[v.model_dump() for v in body.volumes], tags=body.tags,
+                                    ports=body.ports, block_network=body.block_network, allow_list=body.allow_list)
         return asdict(info)
+
+    @app.post("/sandboxes/{sandbox_id}/ports")
+    async def expose_port(sandbox_id: str, body: ExposePort) -> dict[str, Any]:
+        return {"port": body.port, "url": await service.expose_port(sandbox_id, body.port)}
+
+    @app.get("/sandboxes/{sandbox_id}/ports")
+    async def list_urls(sandbox_id: str) -> dict[str, str]:
+        return {str(p): u for p, u in service.list_urls(sandbox_id).items()}
+
+    @app.put("/sandboxes/{sandbox_id}/network")
+    async def update_network(sandbox_id: str, body: NetworkPermissions) -> dict[str, Any]:
+        return asdict(await service.update_network_permissions(sandbox_id, body.block_network, body.allow_list))
 
     @app.get("/sandboxes")
     async def list_sandboxes(all: bool = False) -> list[dict[str, Any]]:  # noqa: A002 - query name

@@ -63,6 +63,7 @@ async def serve_async(paths: Paths) -> None:
         await server.serve()
     finally:
         watcher.cancel()
+        await service.net.close()
         store.close()
         lock.close()
 

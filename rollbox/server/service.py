@@ -3,8 +3,9 @@
 Every method runs on the daemon's event loop. Blocking host work (mount, copies) goes to a
 thread; runsc runs as asyncio subprocesses. A sandbox's host resources are: a directory
 `sandboxes/<id>/` (bundle, overlay upper/work/rootfs mount, FIFOs, runsc log), a runsc
-container, its cgroups, and its processes. `_teardown` removes all of them and is safe to
-call twice; `recover` runs it for anything a crashed daemon left behind.
+container, its cgroups, its processes and, when networked, a network slot (two namespaces,
+veths, firewall rules) and the host listeners of its exposed ports. `teardown_host` removes all
+of them and is safe to call twice; `recover` runs it for anything a crashed daemon left behind.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from typing import Any
 from .. import errors
 from ..config import Paths
 from ..images.store import ImageStore
+from ..network.manager import NetworkManager
+from ..network.netns import Slot
+from ..network.policy import NetworkPolicy, NetworkSpec, ResolvedPolicy, check_port
 from ..runtime import cgroups
 from ..runtime.bundle import BundleSpec, write_bundle
 from ..runtime.channel import AgentChannel, AgentError, make_fifos, open_for_sandbox
@@ -130,6 +134,7 @@ class Live:
     busy: int = 0
     volumes: list[dict[str, str]] = field(default_factory=list)
     key: bytes = b""
+    net: NetworkSpec | None = None
 
 
 class SandboxService:
@@ -150,6 +155,9 @@ class SandboxService:
         # Volume name -> boots in flight that mount it (their rows do not exist yet).
         self._volume_users: dict[str, int] = {}
         self.volumes = VolumeStore(paths.volumes)
+        self.net = NetworkManager(paths.home)
+        # Sandbox id -> its network slot (the only record of which slot is whose).
+        self._slots: dict[str, Slot] = {}
         self.warm = WarmPools(self)
         # Restores and boots are CPU-bound: a bounded number at once keeps each one fast and
         # a fork(1024) from starting a thousand runsc processes together.
@@ -213,12 +221,15 @@ class SandboxService:
                     env: dict[str, str], keep_warm_seconds: float | None,
                     snapshot: SnapshotMeta | None = None, fork_index: int | None = None,
                     volumes: list[dict[str, str]] | None = None, tags: dict[str, str] | None = None,
-                    resume: bool = False) -> SandboxInfo:
+                    resume: bool = False, net: NetworkSpec | None = None,
+                    host_ports: dict[int, int] | None = None) -> SandboxInfo:
         t0 = time.monotonic()
         check_limits(cpu, memory_mib)
         check_env(env)
         if snapshot is not None:
             volumes = snapshot.volumes  # a restore must mount exactly what was captured
+            # ... and have the network it captured (its netstack expects the interface).
+            net = NetworkSpec.from_wire(snapshot.network)
         volumes = list(volumes or [])
         # The sandbox's row exists only once it runs: count its volumes as in use meanwhile.
         with in_use(self._volume_users, [v["name"] for v in volumes]):
@@ -227,12 +238,13 @@ class SandboxService:
                 return await self._start(sandbox_id=sandbox_id, image_id=image_id, cpu=cpu, memory_mib=memory_mib,
                                          env=env, keep_warm_seconds=keep_warm_seconds, snapshot=snapshot,
                                          fork_index=fork_index, volumes=volumes, tags=tags, resume=resume,
-                                         binds=binds, t0=t0)
+                                         binds=binds, t0=t0, net=net, host_ports=host_ports or {})
 
     async def _start(self, *, sandbox_id: str, image_id: str, cpu: float, memory_mib: int,
                          env: dict[str, str], keep_warm_seconds: float | None, snapshot: SnapshotMeta | None,
                          fork_index: int | None, volumes: list[dict[str, str]], tags: dict[str, str] | None,
-                         resume: bool, binds: tuple[tuple[str, str], ...], t0: float) -> SandboxInfo:
+                         resume: bool, binds: tuple[tuple[str, str], ...], t0: float,
+                         net: NetworkSpec | None, host_ports: dict[int, int]) -> SandboxInfo:
         if disk_free_bytes(self.paths.home) < MIN_FREE_DISK:
             raise errors.ResourceExhausted(
                 f"less than {MIN_FREE_DISK >> 20} MiB free under {self.paths.home}: remove snapshots or images, or free disk")
@@ -242,7 +254,12 @@ class SandboxService:
         d.mkdir(parents=True)
         key = bytes.fromhex(snapshot.agent_key) if snapshot is not None else secrets.token_bytes(32)
         channel = AgentChannel(sandbox_id, d / "in", d / "out", key)
+        slot: Slot | None = None
+        resolved: ResolvedPolicy | None = None
         try:
+            if net is not None:
+                slot, resolved = await self.net.acquire(net.policy)
+                self._slots[sandbox_id] = slot
             if snapshot is not None:
                 await asyncio.to_thread(copy_tree, self.snapshots.upper_dir(snapshot.snapshot_id), d / "upper")
             else:
@@ -254,18 +271,20 @@ class SandboxService:
             (d / "agent.key").write_bytes(key)
             await asyncio.to_thread(mount_overlay, lowers, d / "upper", d / "work", d / "rootfs")
             write_bundle(d, BundleSpec(rootfs=d / "rootfs", cgroup_path=cgroups.cgroup_path(cid, self.cg),
-                                       cpu=cpu, memory_mib=memory_mib, env=env, binds=binds))
+                                       cpu=cpu, memory_mib=memory_mib, env=env, binds=binds, hostname=sandbox_id,
+                                       netns_path=slot.sandbox_ns_path if slot else None))
             fin, fout = make_fifos(d)
             sb_in, sb_out = open_for_sandbox(fin, fout)
             try:
                 if snapshot is None:
                     res = await self.runsc.start_detached("run", cid, d, stdin_fd=sb_in, stdout_fd=sb_out,
-                                                          log_path=d / "runsc.log", timeout=BOOT_TIMEOUT_S)
+                                                          log_path=d / "runsc.log", timeout=BOOT_TIMEOUT_S,
+                                                          networked=slot is not None)
                 else:
                     ck = str(self.snapshots.checkpoint_dir(snapshot.snapshot_id))
                     res = await self.runsc.start_detached("restore", cid, d, stdin_fd=sb_in, stdout_fd=sb_out,
                                                           log_path=d / "runsc.log", timeout=BOOT_TIMEOUT_S,
-                                                          extra=("--image-path", ck))
+                                                          extra=("--image-path", ck), networked=slot is not None)
                 channel.open()
             finally:
                 os.close(sb_in)
@@ -280,12 +299,17 @@ class SandboxService:
             if fork_index is not None:
                 identity["ROLLBOX_FORK_INDEX"] = str(fork_index)
             if snapshot is not None:
-                # Restored copies would otherwise share everything; give each its own identity
-                # and fresh entropy (gVisor's getrandom already reads host entropy).
-                await channel.request("identity", wait_s=BOOT_TIMEOUT_S, env=identity,
+                # Restored copies would otherwise share everything; give each its own identity,
+                # host name and fresh entropy (gVisor's getrandom already reads host entropy).
+                await channel.request("identity", wait_s=BOOT_TIMEOUT_S, env=identity, hostname=sandbox_id,
                                       entropy=base64.b64encode(os.urandom(64)).decode())
             else:
                 await channel.request("identity", wait_s=BOOT_TIMEOUT_S, env=identity)
+            urls: dict[int, str] = {}
+            if slot is not None and net is not None:
+                await self._write_net_files(channel, sandbox_id, resolved)
+                for port in net.ports:
+                    urls[port] = await self.net.ports.expose(sandbox_id, port, slot.uplink_ip, host_ports.get(port, 0))
             ttfc_ms = (time.monotonic() - t0) * 1000
         except BaseException as exc:
             channel.close("the sandbox failed to start")
@@ -296,19 +320,79 @@ class SandboxService:
                 raise errors.SandboxLost(f"sandbox {sandbox_id} did not answer within {BOOT_TIMEOUT_S:.0f} s "
                                          f"of starting; see `rollbox doctor`", sandbox_id=sandbox_id) from None
             raise
-        lv = Live(sandbox_id, channel, image_id, cpu, memory_mib, env, keep_warm_seconds, volumes=volumes, key=key)
+        lv = Live(sandbox_id, channel, image_id, cpu, memory_mib, env, keep_warm_seconds, volumes=volumes, key=key,
+                  net=net)
         self.live[sandbox_id] = lv
         now = time.time()
+        net_cols = self._net_columns(sandbox_id, net)
         if resume:
-            self.store.update_sandbox(sandbox_id, state="running", paused_snapshot_id=None)
+            self.store.update_sandbox(sandbox_id, state="running", paused_snapshot_id=None, **net_cols)
             self.store.open_interval(sandbox_id, now, boot_s=ttfc_ms / 1000)
         else:
             self.store.insert_sandbox(
                 sandbox_id=sandbox_id, state="running", image_id=image_id, created_at=now, cpu=cpu,
                 memory_mib=memory_mib, keep_warm_seconds=keep_warm_seconds,
                 snapshot_id=snapshot.snapshot_id if snapshot else None, fork_index=fork_index, ttfc_ms=ttfc_ms,
-                volumes=json.dumps(volumes), tags=json.dumps(tags or {}))
+                volumes=json.dumps(volumes), tags=json.dumps(tags or {}), **net_cols)
         self.watch(lv)
+        return self.info(sandbox_id)
+
+    def _net_columns(self, sandbox_id: str, net: NetworkSpec | None) -> dict[str, Any]:
+        """The row's network columns: the slot (for recovery), the spec and the exposed URLs."""
+        slot = self._slots.get(sandbox_id)
+        return {"net_slot": slot.index if slot else None,
+                "network": json.dumps(net.to_wire()) if net else None,
+                "urls": json.dumps({str(p): u for p, u in self.net.ports.urls(sandbox_id).items()}),
+                "host_ports": json.dumps({str(p): hp for p, hp in self.net.ports.host_ports(sandbox_id).items()})}
+
+    async def _write_net_files(self, channel: AgentChannel, sandbox_id: str, resolved: ResolvedPolicy | None) -> None:
+        """/etc/hosts (localhost, the host name, the allow list's names pinned to the addresses
+        the firewall allows) and, with outbound access, /etc/resolv.conf (the host's
+        nameservers), as Docker manages both."""
+        lines = ["127.0.0.1\tlocalhost", f"127.0.1.1\t{sandbox_id}"]
+        for name, addrs in (resolved.hosts if resolved else {}).items():
+            lines += [f"{a}\t{name}" for a in addrs]
+        files = {"/etc/hosts": "\n".join(lines) + "\n"}
+        if resolved is not None and not resolved.policy.block_network and self.net.nameservers:
+            files["/etc/resolv.conf"] = "".join(f"nameserver {n}\n" for n in self.net.nameservers)
+        for path, text in files.items():
+            await channel.request("write_file", wait_s=BOOT_TIMEOUT_S, path=path,
+                                  data=base64.b64encode(text.encode()).decode(), mode=0o644)
+
+    def _networked(self, sandbox_id: str, lv: Live) -> tuple[Slot, NetworkSpec]:
+        slot = self._slots.get(sandbox_id)
+        if slot is None or lv.net is None:
+            raise errors.InvalidArgument(
+                f"sandbox {sandbox_id} was created without networking (loopback only); create it with "
+                "ports=[...] or block_network=False to expose ports or change its network", sandbox_id=sandbox_id)
+        return slot, lv.net
+
+    async def expose_port(self, sandbox_id: str, port: int) -> str:
+        """The host URL that reaches `port` in the sandbox; the same URL for the same port."""
+        check_port(port)
+        lv = await self._running(sandbox_id)
+        slot, net = self._networked(sandbox_id, lv)
+        url = await self.net.ports.expose(sandbox_id, port, slot.uplink_ip)
+        if port not in net.ports:
+            lv.net = NetworkSpec(net.policy, (*net.ports, port))
+        self.store.update_sandbox(sandbox_id, **self._net_columns(sandbox_id, lv.net))
+        return url
+
+    def list_urls(self, sandbox_id: str) -> dict[int, str]:
+        if sandbox_id in self.live:
+            return self.net.ports.urls(sandbox_id)
+        return {int(p): u for p, u in self.info(sandbox_id).urls.items()}
+
+    async def update_network_permissions(self, sandbox_id: str, block_network: bool,
+                                         allow_list: list[str] | None) -> SandboxInfo:
+        """Changes a networked sandbox's outbound policy at once (open connections included)."""
+        policy = NetworkPolicy.parse(block_network, allow_list)
+        lv = await self._running(sandbox_id)
+        slot, net = self._networked(sandbox_id, lv)
+        resolved = await self.net.update(slot, policy)
+        lv.net = NetworkSpec(policy, net.ports)
+        await self._write_net_files(lv.channel, sandbox_id, resolved)
+        self.store.update_sandbox(sandbox_id, **self._net_columns(sandbox_id, lv.net))
         return self.info(sandbox_id)
 
     @staticmethod
@@ -325,7 +409,10 @@ class SandboxService:
 
     async def create(self, *, image_id: str, cpu: float = 1.0, memory_mib: int = 1024,
                      env: dict[str, str] | None = None, keep_warm_seconds: float | None = 600,
-                     volumes: list[dict[str, str]] | None = None, tags: dict[str, str] | None = None) -> SandboxInfo:
+                     volumes: list[dict[str, str]] | None = None, tags: dict[str, str] | None = None,
+                     ports: list[int] | None = None, block_network: bool = True,
+                     allow_list: list[str] | None = None) -> SandboxInfo:
+        net = NetworkSpec.parse(ports, block_network, allow_list)  # validated before anything exists
         vols = []
         seen: set[str] = set()
         for v in volumes or []:
@@ -335,7 +422,8 @@ class SandboxService:
             seen.add(mp)
             vols.append({"name": check_name(v.get("name", "")), "mount_path": mp})
         return await self._boot(sandbox_id=new_sandbox_id(), image_id=image_id, cpu=cpu, memory_mib=memory_mib,
-                                env=dict(env or {}), keep_warm_seconds=keep_warm_seconds, volumes=vols, tags=tags)
+                                env=dict(env or {}), keep_warm_seconds=keep_warm_seconds, volumes=vols, tags=tags,
+                                net=net)
 
     async def acquire(self, snapshot_id: str, *, keep_warm_seconds: float | None = 600,
                       tags: dict[str, str] | None = None) -> SandboxInfo:
@@ -402,10 +490,12 @@ class SandboxService:
                                           "sandbox can be resumed", sandbox_id=sandbox_id)
             snap_id = row["paused_snapshot_id"]
             meta = self.snapshots.meta(snap_id)
+            # Listeners are taken again on the ports the sandbox had, when they are still free.
+            host_ports = {int(p): hp for p, hp in json.loads(row["host_ports"] or "{}").items()}
             info = await self._boot(sandbox_id=sandbox_id, image_id=meta.image_id, cpu=meta.cpu,
                                     memory_mib=meta.memory_mib, env=meta.env,
                                     keep_warm_seconds=row["keep_warm_seconds"], snapshot=meta,
-                                    fork_index=row["fork_index"], resume=True)
+                                    fork_index=row["fork_index"], resume=True, host_ports=host_ports)
             await self.delete_snapshot_files(snap_id)
             return info
 
@@ -560,6 +650,10 @@ class SandboxService:
             self._kill_container_processes(cid)
             self.runsc.forget(cid)
         self.reaper.sweep()
+        await self.net.ports.close(sandbox_id)
+        slot = self._slots.pop(sandbox_id, None)
+        if slot is not None:
+            await self.net.release(slot)
         await asyncio.to_thread(unmount, d / "rootfs")
         left = cgroups.remove(cid, self.cg)
         if left:
@@ -660,7 +754,8 @@ class SandboxService:
                                          sandbox_id=sandbox_id)
             await asyncio.to_thread(copy_tree, self.sandbox_dir(sandbox_id) / "upper", self.snapshots.upper_dir(sid))
             self.snapshots.write_meta(SnapshotMeta(sid, sandbox_id, lv.image_id, lv.cpu, lv.memory_mib, lv.env,
-                                                   time.time(), internal, lv.volumes, kind, lv.key.hex()))
+                                                   time.time(), internal, lv.volumes, kind, lv.key.hex(),
+                                                   lv.net.to_wire() if lv.net else None))
             self.store.insert_snapshot(sid, sandbox_id, lv.image_id, internal, kind,
                                        None if ttl_s is None else time.time() + ttl_s)
         except BaseException:

@@ -71,6 +71,10 @@ MIGRATIONS = [
     ("usage", "peak_memory_bytes", "INTEGER NOT NULL DEFAULT 0"),
     ("usage", "gpu_seconds", "REAL NOT NULL DEFAULT 0"),
     ("usage", "tags", "TEXT NOT NULL DEFAULT '{}'"),
+    ("sandboxes", "net_slot", "INTEGER"),
+    ("sandboxes", "network", "TEXT"),
+    ("sandboxes", "urls", "TEXT NOT NULL DEFAULT '{}'"),
+    ("sandboxes", "host_ports", "TEXT NOT NULL DEFAULT '{}'"),
 ]
 
 LIVE_STATES = ("starting", "running", "terminating")
@@ -138,7 +142,7 @@ class Store:
     def sandbox_info(self, row: sqlite3.Row) -> SandboxInfo:
         names = {f.name for f in fields(SandboxInfo)}
         d = {k: row[k] for k in row.keys() if k in names}
-        for k in ("volumes", "tags"):
+        for k in ("volumes", "tags", "urls", "network"):
             if isinstance(d.get(k), str):
                 d[k] = json.loads(d[k])
         return SandboxInfo(**d)

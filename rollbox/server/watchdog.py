@@ -9,6 +9,7 @@ import logging
 import time
 
 from .. import errors
+from ..network.policy import NetworkSpec
 from ..runtime import cgroups
 from ..runtime.channel import AgentChannel
 from .service import Live, SandboxService, container_id
@@ -47,6 +48,7 @@ async def recover(svc: SandboxService) -> dict[str, int]:
     """After a daemon (re)start: re-attach live sandboxes, remove everything else."""
     svc.reaper.start()
     reattached = cleaned = 0
+    keep_slots: dict[int, object] = {}
     running = set(await svc.runsc.list_ids())
     for row in svc.store.list_rows(("paused",)):
         try:
@@ -80,6 +82,10 @@ async def recover(svc: SandboxService) -> dict[str, int]:
                       volumes=json.loads(row["volumes"] or "[]"), key=key)
             # Idle time while the daemon was down counts towards keep_warm_seconds.
             lv.last_active = time.monotonic() - max(0.0, time.time() - row["last_active_at"])
+            if row["net_slot"] is not None:
+                lv.net = NetworkSpec.from_wire(json.loads(row["network"] or "null"))
+                svc._slots[sid] = svc.net.slot(row["net_slot"])
+                keep_slots[row["net_slot"]] = lv.net.policy if lv.net else None
             svc.live[sid] = lv
             svc.watch(lv)
             reattached += 1
@@ -99,7 +105,19 @@ async def recover(svc: SandboxService) -> dict[str, int]:
     for meta in svc.snapshots.list():
         if meta.internal:
             await svc.delete_snapshot_files(meta.snapshot_id)
-    return {"reattached": reattached, "cleaned": cleaned}
+    # Networks: keep the re-attached sandboxes' slots and rules, remove every other one, and
+    # listen again for their exposed ports (on the same host ports when still free).
+    net_cleaned = await svc.net.recover(keep_slots)  # type: ignore[arg-type]
+    for sid, slot in svc._slots.items():
+        nrow = svc.store.get_row(sid)
+        nlv = svc.live.get(sid)
+        if nrow is None or nlv is None or nlv.net is None:
+            continue
+        host_ports = {int(p): hp for p, hp in json.loads(nrow["host_ports"] or "{}").items()}
+        for port in nlv.net.ports:
+            await svc.net.ports.expose(sid, port, slot.uplink_ip, host_ports.get(port, 0))
+        svc.store.update_sandbox(sid, **svc._net_columns(sid, nlv.net))
+    return {"reattached": reattached, "cleaned": cleaned, "network_slots_cleaned": net_cleaned}
 
 
 async def run(svc: SandboxService, interval_s: float = 1.0, sample_every: int = 5) -> None:
@@ -110,6 +128,7 @@ async def run(svc: SandboxService, interval_s: float = 1.0, sample_every: int = 
         n += 1
         try:
             svc.warm.expire()
+            await svc.net.expire()
             await expire_idle(svc)
             await expire_snapshots(svc)
             if n % sample_every == 0:

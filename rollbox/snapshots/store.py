@@ -15,6 +15,7 @@ import json
 import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import InvalidArgument, SnapshotNotFound
 from ..runtime.rootfs import remove_tree, tree_usage
@@ -33,6 +34,8 @@ class SnapshotMeta:
     volumes: list[dict[str, str]] = field(default_factory=list)  # [{"name", "mount_path"}]
     kind: str = "memory"  # memory | pause | fork
     agent_key: str = ""  # hex; the restored agent keeps the key it had (it is in its memory)
+    # NetworkSpec.to_wire() of a networked source (its netstack needs an interface on restore).
+    network: dict[str, Any] | None = None
 
 
 def new_snapshot_id() -> str:

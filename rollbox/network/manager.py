@@ -1,0 +1,172 @@
+"""One daemon's sandbox networking: a pool of prepared slots, the firewall, exposed ports.
+
+Preparing a slot (two namespaces, two veth pairs, NAT) takes tens of milliseconds, so a few
+are kept ready once networking is first used; a create with networking then only takes one.
+The pool refills in the background and empties after `idle_s` without demand (scale to zero).
+Slots are never reused: a finished sandbox's slot is destroyed, so no connection-tracking or
+neighbour state crosses from one episode to the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+from .. import errors
+from . import firewall
+from .netns import MAX_SLOTS, NetLayout, Slot, create_slot, destroy_slot, existing_slots
+from .policy import NetworkPolicy, ResolvedPolicy, resolve
+from .proxy import PortForwarder
+
+log = logging.getLogger("rollbox.network")
+
+
+class NetworkManager:
+    """prepared: slots kept ready; idle_s: seconds without a networked create before the
+    ready slots are removed."""
+
+    def __init__(self, home: Path, *, prepared: int = 4, idle_s: float = 120.0,
+                 forwarder: PortForwarder | None = None) -> None:
+        self.layout = NetLayout.for_home(home)
+        self.prepared = prepared
+        self.idle_s = idle_s
+        self.ports = forwarder or PortForwarder()
+        self.nameservers = firewall.host_nameservers()
+        self._started = False
+        self._start_lock = asyncio.Lock()
+        self._ready: list[Slot] = []
+        self._in_use: dict[int, ResolvedPolicy | None] = {}
+        self._creating: set[int] = set()
+        self._refill: asyncio.Task[None] | None = None
+        self._last_demand = 0.0
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    async def recover(self, keep: dict[int, NetworkPolicy | None]) -> int:
+        """After a daemon (re)start: keeps the slots of re-attached sandboxes (and their
+        rules), removes every other slot and rule this daemon's layout made. Returns how many
+        slots were removed."""
+        stale = await asyncio.to_thread(existing_slots, self.layout)
+        stale -= set(keep)
+        await asyncio.gather(*(asyncio.to_thread(destroy_slot, self.layout.slot(i)) for i in stale))
+        if keep:
+            resolved = {i: await self._resolve_quiet(p) for i, p in keep.items()}
+            await self._ensure_started()
+            await asyncio.to_thread(firewall.reset, self.layout, self.nameservers,
+                                    {self.layout.slot(i): r for i, r in resolved.items()})
+            self._in_use.update(resolved)
+        else:
+            try:
+                await asyncio.to_thread(firewall.drop, self.layout)
+            except errors.RuntimeMissing:
+                pass  # no nft on this host: nothing of ours can be there either
+        return len(stale)
+
+    async def _resolve_quiet(self, policy: NetworkPolicy | None) -> ResolvedPolicy | None:
+        if policy is None:
+            return None
+        try:
+            return await asyncio.to_thread(resolve, policy)
+        except errors.InvalidArgument:
+            return ResolvedPolicy(NetworkPolicy(True, None))  # a name gone since: block, not open
+
+    async def _ensure_started(self) -> None:
+        async with self._start_lock:
+            if self._started:
+                return
+            await asyncio.to_thread(firewall.enable_forwarding)
+            await asyncio.to_thread(firewall.reset, self.layout, self.nameservers, {})
+            self._started = True
+
+    async def close(self) -> None:
+        """Daemon shutdown: removes the ready slots and stops the port listeners. Slots in use
+        stay (their sandboxes outlive the daemon; the next daemon re-attaches them)."""
+        if self._refill is not None:
+            self._refill.cancel()
+        ready, self._ready = self._ready, []
+        await asyncio.gather(*(self._destroy(s) for s in ready))
+        await self.ports.close_all()
+        if self._started and not self._in_use:
+            await asyncio.to_thread(firewall.drop, self.layout)
+
+    # ---- slots ---------------------------------------------------------------------------
+
+    def _next_index(self) -> int:
+        taken = set(self._in_use) | self._creating | {s.index for s in self._ready}
+        for i in range(MAX_SLOTS):
+            if i not in taken:
+                return i
+        raise errors.ResourceExhausted(f"all {MAX_SLOTS} network slots are in use: end some networked sandboxes")
+
+    async def _make(self) -> Slot:
+        slot = self.layout.slot(self._next_index())
+        self._creating.add(slot.index)
+        try:
+            await asyncio.to_thread(create_slot, slot)
+            await asyncio.to_thread(firewall.nft, firewall.slot_rules(slot, None))
+        except BaseException:
+            await asyncio.to_thread(destroy_slot, slot)
+            raise
+        finally:
+            self._creating.discard(slot.index)
+        return slot
+
+    async def _destroy(self, slot: Slot) -> None:
+        try:
+            await asyncio.to_thread(firewall.nft, firewall.remove_slot_rules(slot))
+        except errors.RuntimeMissing as e:
+            log.warning("removing rules of slot %d: %s", slot.index, e)
+        await asyncio.to_thread(destroy_slot, slot)
+
+    async def acquire(self, policy: NetworkPolicy) -> tuple[Slot, ResolvedPolicy]:
+        """A ready slot with `policy` applied. Raises InvalidArgument (a name that does not
+        resolve), RuntimeMissing (nft/iproute2 absent), ResourceExhausted."""
+        self._last_demand = time.monotonic()
+        resolved = await asyncio.to_thread(resolve, policy)
+        await self._ensure_started()
+        slot = self._ready.pop() if self._ready else await self._make()
+        self._in_use[slot.index] = resolved
+        self._kick()
+        try:
+            if not policy.block_network:
+                await asyncio.to_thread(firewall.nft, firewall.policy_rules(slot, resolved))
+        except BaseException:
+            await self.release(slot)
+            raise
+        return slot, resolved
+
+    async def update(self, slot: Slot, policy: NetworkPolicy) -> ResolvedPolicy:
+        resolved = await asyncio.to_thread(resolve, policy)
+        await asyncio.to_thread(firewall.nft, firewall.policy_rules(slot, resolved))
+        self._in_use[slot.index] = resolved
+        return resolved
+
+    async def release(self, slot: Slot) -> None:
+        self._in_use.pop(slot.index, None)
+        await self._destroy(slot)
+
+    def slot(self, index: int) -> Slot:
+        return self.layout.slot(index)
+
+    def _kick(self) -> None:
+        if self._refill is None or self._refill.done():
+            self._refill = asyncio.get_running_loop().create_task(self._fill())
+
+    async def _fill(self) -> None:
+        while len(self._ready) + len(self._creating) < self.prepared:
+            try:
+                self._ready.append(await self._make())
+            except errors.RollboxError as e:
+                log.warning("preparing a network slot failed: %s", e)
+                return
+
+    async def expire(self) -> None:
+        """Called by the watchdog: empties the ready pool after `idle_s` without demand."""
+        if self._ready and time.monotonic() - self._last_demand > self.idle_s:
+            ready, self._ready = self._ready, []
+            await asyncio.gather(*(self._destroy(s) for s in ready))
+
+    def stats(self) -> dict[str, int]:
+        return {"ready": len(self._ready), "in_use": len(self._in_use), "ports": self.ports.count()}
