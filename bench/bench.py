@@ -24,6 +24,11 @@ What is measured and how (all wall-clock, `time.perf_counter`, one warm-up run d
    PSS (`/proc/PID/smaps_rollup`) of their runsc-sandbox and runsc-gofer processes (cmdline
    holds the container id) and every descendant of the sandbox process (systrap stubs), / 8.
    Also the memory cgroup's `memory.usage_in_bytes` (page cache included), / 8.
+7. Networking: restore TTFC and cold TTFC of a sandbox with its own network namespace and one
+   exposed port, against the loopback-only rows above (target: restore <= 20 ms more at p50).
+   Then a churn of ROLLBOX_BENCH_NET_CYCLES (default 1000; 0 skips it) networked create ->
+   exec -> terminate cycles at concurrency 4, and the count of namespaces, host links, nft map
+   elements and port listeners left beyond the prepared pool ("leaked", must be 0).
 
 The bench process becomes a child subreaper and reaps the raw sandboxes it orphans (as the
 daemon does), so that `runsc delete` of a raw container is not slowed by PID 1.
@@ -51,6 +56,7 @@ from typing import Any
 from rollbox.client.transport import stop_daemon
 from rollbox.config import Paths
 from rollbox.errors import RollboxError
+from rollbox.network.netns import NetLayout
 from rollbox.runtime.bundle import BundleSpec, oci_spec
 from rollbox.runtime.reaper import Reaper, become_subreaper
 from rollbox.sdk.image import Image
@@ -72,8 +78,9 @@ N_COLD, N_RESTORE, N_EXEC, N_RAW_EXEC, N_RAW_RESTORE, N_RAW_COLD = 10, 20, 100, 
 FORK_N, IDLE_N, IDLE_WAIT_S = 8, 8, 2.0
 POOL_RUNS = ((1, 16), (4, 32), (16, 48))  # (concurrency, episodes)
 RAW_EPISODE_RUNS = ((1, 12), (4, 16))
+NET_CYCLES = int(os.environ.get("ROLLBOX_BENCH_NET_CYCLES", "1000"))
 TARGETS = {"restore_ttfc_p50_ms": ("<=", 150.0), "restore_overhead_ratio": ("<=", 1.2),
-           "exec_p50_ms": ("<=", 10.0), "idle_mib": ("<=", 30.0)}
+           "exec_p50_ms": ("<=", 10.0), "idle_mib": ("<=", 30.0), "net_restore_extra_ms": ("<=", 20.0)}
 
 
 # ---- statistics --------------------------------------------------------------------------
@@ -333,9 +340,9 @@ def first_exec_ok(sb: SandboxInstance) -> None:
         raise RuntimeError(f"`true` in {sb.sandbox_id} exited {r.exit_code}")
 
 
-def rollbox_cold(tr: Tracker) -> float:
+def rollbox_cold(tr: Tracker, ports: list[int] | None = None) -> float:
     def go() -> SandboxInstance:
-        sb = tr.add(Sandbox(image=Image.debian()).create())
+        sb = tr.add(Sandbox(image=Image.debian(), ports=ports or []).create())
         first_exec_ok(sb)
         return sb
     ms, sb = timed_ms(go)
@@ -351,6 +358,39 @@ def rollbox_restore(tr: Tracker, snap: str) -> float:
     ms, sb = timed_ms(go)
     tr.terminate([sb])
     return ms
+
+
+def net_leftovers(home: str) -> dict[str, int]:
+    """What rollbox's networking holds on the host now: namespaces, host links, firewall
+    elements and port listeners (the daemon's own count)."""
+    layout = NetLayout.for_home(home)
+    nss = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+           if n.startswith(layout.prefix + "-")]
+    links = [ln for ln in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()
+             if ln.split(":")[1].strip().startswith(layout.prefix)]
+    out = subprocess.run(["nft", "-j", "list", "map", "inet", layout.table, "egress"], capture_output=True, text=True)
+    elems = len(json.loads(out.stdout)["nftables"][1]["map"].get("elem", [])) if out.returncode == 0 else 0
+    health = default_client().request("GET", "/health")["network"]
+    return {"netns": len(nss), "links": len(links), "nft_elements": elems, "listeners": health["ports"],
+            "in_use": health["in_use"], "ready": health["ready"]}
+
+
+def net_churn(cycles: int, concurrency: int = 4) -> dict[str, Any]:
+    """`cycles` networked create -> exec -> terminate, then what is left beyond the ready pool."""
+    def one(_i: int) -> None:
+        sb = Sandbox(ports=[8000], block_network=False, allow_list=["198.18.0.0/24"], memory=256).create()
+        try:
+            first_exec_ok(sb)
+        finally:
+            sb.terminate()
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(concurrency) as ex:
+        list(ex.map(one, range(cycles)))
+    left = net_leftovers(os.environ.get("ROLLBOX_HOME", str(SHARED_HOME)))
+    ready = left["ready"]
+    return {"cycles": cycles, "seconds": round(time.perf_counter() - t0, 1), **left,
+            "leaked": (left["netns"] - 2 * ready) + (left["links"] - ready) + (left["nft_elements"] - ready)
+            + left["listeners"] + left["in_use"]}
 
 
 def rollbox_warm(tr: Tracker, snap: str, n: int, spares: int = 4) -> list[float]:
@@ -508,6 +548,11 @@ def build_results(m: dict[str, Any]) -> dict[str, Any]:
         "raw_runsc_exec_p50_ms": r(pct(m["raw_exec"], .5), 1),
         "http_rtt_p50_ms": r(pct(m["http_rtt"], .5), 2), "agent_rtt_p50_ms": r(pct(m["agent_rtt"], .5), 2),
         "fork8_s": r(m["fork8_s"], 2),
+        "net_restore_ttfc_p50_ms": r(pct(m["net_restore"], .5)),
+        "net_cold_ttfc_p50_ms": r(pct(m["net_cold"], .5)),
+        "net_restore_extra_ms": r(pct(m["net_restore"], .5) - pct(m["restore"], .5)),
+        "net_cold_extra_ms": r(pct(m["net_cold"], .5) - pct(m["cold"], .5)),
+        "net_churn": m.get("net_churn"),
     }
     for c, (eps, _bad) in m["pool"].items():
         res[f"episodes_per_s_c{c}"] = r(eps, 2)
@@ -542,7 +587,16 @@ def print_table(res: dict[str, Any], m: dict[str, Any]) -> None:
         ("  of which HTTP / agent RTT (ms)", f"{res['http_rtt_p50_ms']} / {res['agent_rtt_p50_ms']}", "-",
          "GET /sandboxes/ID; fs.read_file (no spawn)"),
         (f"fork({FORK_N}) wall (s)", f"{res['fork8_s']}", "-", ""),
+        ("restore TTFC p50, networked (ms)", f"{res['net_restore_ttfc_p50_ms']}", "-",
+         f"+{res['net_restore_extra_ms']} ms over loopback-only (target <= 20)"),
+        ("cold TTFC p50, networked (ms)", f"{res['net_cold_ttfc_p50_ms']}", "-",
+         f"+{res['net_cold_extra_ms']} ms over loopback-only"),
     ]
+    if res.get("net_churn"):
+        c = res["net_churn"]
+        rows.append((f"network churn ({c['cycles']} cycles)", f"leaked {c['leaked']}", "-",
+                     f"{c['seconds']} s; netns {c['netns']}, links {c['links']}, nft {c['nft_elements']}, "
+                     f"listeners {c['listeners']} (ready pool {c['ready']})"))
     for c, n in POOL_RUNS:
         raw = res.get(f"raw_runsc_episodes_per_s_c{c}")
         rows.append((f"episodes/s c={c} ({n} eps)", f"{res[f'episodes_per_s_c{c}']}",
@@ -608,6 +662,15 @@ def measure(tr: Tracker, raw: RawRunsc) -> dict[str, Any]:
     m["raw_restore"] = series("raw restore", N_RAW_RESTORE,
                               lambda: raw_restore(raw, image, restore_only=m["raw_restore_only"])[0])
 
+    # The same restore with networking (own namespace, netstack, one exposed port).
+    netbase = tr.add(Sandbox(image=Image.debian(), ports=[8000]).create())
+    first_exec_ok(netbase)
+    netsnap = netbase.snapshot_memory()
+    tr.snapshots.append(netsnap)
+    tr.terminate([netbase])
+    m["net_restore"] = series("rollbox restore, networked", N_RESTORE, lambda: rollbox_restore(tr, netsnap))
+    m["net_cold"] = series("rollbox cold, networked", N_COLD, lambda: rollbox_cold(tr, ports=[8000]))
+
     m["warm"] = rollbox_warm(tr, snap, N_RESTORE)
     log(f"rollbox warm-pool restore: p50 {pct(m['warm'], .5):.1f} ms")
 
@@ -631,6 +694,9 @@ def measure(tr: Tracker, raw: RawRunsc) -> dict[str, Any]:
         m["raw_eps"][c] = raw_episodes_per_s(raw, image, c, n)
         log(f"raw episodes c={c}: {m['raw_eps'][c]:.2f} eps/s")
 
+    if NET_CYCLES:
+        m["net_churn"] = net_churn(NET_CYCLES)
+        log(f"network churn: {m['net_churn']}")
     m["idle"] = rollbox_idle(tr, snap, IDLE_N)
     m["raw_idle"] = raw_idle(raw, image, IDLE_N)
     log(f"idle: rollbox {m['idle']}, raw {m['raw_idle']}")

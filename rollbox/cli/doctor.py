@@ -49,6 +49,10 @@ def run_checks(paths: Paths) -> list[Check]:
     except (OSError, AttributeError):
         pidfd = False
     out.append(Check("pidfd", pidfd, "pidfd_open works" if pidfd else "pidfd_open failed", "Linux >= 5.3 is needed"))
+    for tool, pkg in (("nft", "nftables"), ("nsenter", "util-linux"), ("unshare", "util-linux")):
+        where = shutil.which(tool)
+        out.append(Check(tool, where is not None, where or "not found",
+                         f"`apt-get install {pkg}` (networked sandboxes need it)"))
     out.append(Check("debootstrap", shutil.which("debootstrap") is not None, shutil.which("debootstrap") or "not found",
                      "`apt-get install debootstrap` (builds the default base image)"))
     home = paths.home if paths.home.exists() else paths.home.parent

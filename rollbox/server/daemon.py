@@ -9,9 +9,11 @@ Sandboxes outlive the daemon: stopping it stops nothing inside them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
+from collections.abc import AsyncIterator
 from typing import IO
 
 import uvicorn
@@ -53,6 +55,15 @@ async def serve_async(paths: Paths) -> None:
     summary = await watchdog.recover(service)
     log.info("recovered state: %s", summary)
     app = create_app(service)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: object) -> AsyncIterator[None]:
+        yield
+        # Here, not after serve(): uvicorn re-raises SIGTERM once it has shut down, which
+        # would end the process before a `finally` runs.
+        await service.net.close()
+
+    app.router.lifespan_context = lifespan
     if paths.socket.exists():
         paths.socket.unlink()
     config = uvicorn.Config(app, uds=str(paths.socket), log_level="warning", access_log=False,
@@ -63,7 +74,6 @@ async def serve_async(paths: Paths) -> None:
         await server.serve()
     finally:
         watcher.cancel()
-        await service.net.close()
         store.close()
         lock.close()
 
