@@ -1,34 +1,76 @@
-"""The image store: each image is a directory of one read-only layer plus its parent's chain.
+"""The image store: images are chains of read-only layers, stacked by overlayfs.
 
-    images/<image_id>/rootfs      the layer (a full rootfs for a base image, an overlay
-                                  upper directory with whiteouts for a derived one)
-    images/<image_id>/meta.json   {"image_id", "parent", "kind", "created_at"}
+    images/<image_id>/meta.json   ImageMeta
+    images/<image_id>/rootfs      the image's own layer, for kinds "debian" (a full rootfs),
+                                  "filesystem" and "build" (an overlay upper directory with
+                                  overlayfs whiteouts); absent for "oci"
+    images/_layers/<key>/         shared, content-addressed layers ("oci" images list them by
+                                  key, e.g. "sha256-<hex of the uncompressed diff>"), each in
+                                  overlayfs form (whiteouts as 0:0 character devices, opaque
+                                  directories with the trusted.overlay.opaque xattr)
 
-A sandbox's root filesystem is overlayfs(lowerdir = layers top first, upper = its own).
+A sandbox's root filesystem is overlayfs(lowerdir = layers top first, upper = its own). An
+image's layers are its `layers` (top first) or its own rootfs, then its parent's.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import os
 import secrets
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import ImageNotFound, InvalidArgument
 from ..runtime.rootfs import copy_tree, remove_tree
 from .debian import DEBIAN_IMAGE_ID, build_debian_rootfs
 
-MAX_DEPTH = 64
+MAX_DEPTH = 128
+LAYERS_DIR = "_layers"
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """What an OCI image config (or a builder step) says about running the image.
+
+    env: "KEY=value" strings; working_dir, user ("uid[:gid]" or a name): for commands;
+    entrypoint + cmd: the image's main process.
+    """
+
+    env: list[str] = field(default_factory=list)
+    working_dir: str | None = None
+    user: str | None = None
+    entrypoint: list[str] | None = None
+    cmd: list[str] | None = None
+
+    @classmethod
+    def from_oci(cls, config: dict[str, Any] | None) -> "ImageConfig":
+        """From the "config" object of an OCI/Docker image config JSON."""
+        c = config or {}
+        return cls(env=list(c.get("Env") or []), working_dir=c.get("WorkingDir") or None,
+                   user=c.get("User") or None, entrypoint=c.get("Entrypoint") or None, cmd=c.get("Cmd") or None)
+
+    def env_dict(self) -> dict[str, str]:
+        return dict(e.split("=", 1) for e in self.env if "=" in e)
 
 
 @dataclass(frozen=True)
 class ImageMeta:
     image_id: str
-    kind: str  # "debian" | "filesystem"
+    kind: str  # "debian" | "filesystem" | "build" | "oci"
     parent: str | None
     created_at: float
+    # Shared layer keys under images/_layers, top first ("oci" images; empty: own rootfs).
+    layers: list[str] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)  # asdict(ImageConfig)
+    source: str = ""  # where it came from: "registry:REF", "docker-archive:PATH", "build:STEP", ...
+
+    @property
+    def image_config(self) -> ImageConfig:
+        return ImageConfig(**self.config) if self.config else ImageConfig()
 
 
 def new_image_id() -> str:
@@ -46,7 +88,73 @@ class ImageStore:
 
     def exists(self, image_id: str) -> bool:
         d = self._dir(image_id)
-        return (d / "rootfs").is_dir() and (d / "meta.json").is_file()
+        if not (d / "meta.json").is_file():
+            return False
+        return (d / "rootfs").is_dir() or bool(self.meta(image_id).layers)
+
+    # ---- shared layers ---------------------------------------------------------------------
+
+    def layer_dir(self, key: str) -> Path:
+        """The shared layer `key` ("sha256-<64 hex>" or another [A-Za-z0-9-] name)."""
+        if not key or not all(c.isalnum() or c == "-" for c in key):
+            raise InvalidArgument(f"{key!r} is not a layer key")
+        return self.root / LAYERS_DIR / key
+
+    def has_layer(self, key: str) -> bool:
+        return self.layer_dir(key).is_dir()
+
+    def staging_dir(self, name: str) -> Path:
+        """A fresh directory on the store's file system for building a layer or image before
+        `commit_layer`/`add_image` move it in (so a failure never leaves a half-written one)."""
+        d = self.root / LAYERS_DIR / f".tmp-{name}-{secrets.token_hex(6)}"
+        d.mkdir(parents=True)
+        return d
+
+    def commit_layer(self, key: str, staged: Path) -> Path:
+        """Moves a fully written layer into place; if another writer won the race, keeps
+        theirs and removes `staged`. Returns the layer's directory."""
+        dest = self.layer_dir(key)
+        try:
+            os.rename(staged, dest)
+        except OSError:
+            if not dest.is_dir():
+                raise
+            remove_tree(staged)
+        return dest
+
+    def add_image(self, meta: ImageMeta, rootfs: Path | None = None) -> ImageMeta:
+        """Registers an image whose layers (and parent) already exist; `rootfs`: a staged
+        directory that becomes the image's own layer. Atomic: meta.json is written last."""
+        for key in meta.layers:
+            if not self.has_layer(key):
+                raise ImageNotFound(f"layer {key} of image {meta.image_id} is not in the store")
+        if meta.parent is not None:
+            self.meta(meta.parent)
+        d = self._dir(meta.image_id)
+        d.mkdir(parents=True, exist_ok=True)
+        if rootfs is not None:
+            os.rename(rootfs, d / "rootfs")
+        self._write_meta(meta)
+        return meta
+
+    def unused_layers(self) -> list[str]:
+        """Shared layers no image lists (what `prune` removes)."""
+        used = {k for m in self.list() for k in m.layers}
+        base = self.root / LAYERS_DIR
+        if not base.is_dir():
+            return []
+        return sorted(p.name for p in base.iterdir() if not p.name.startswith(".") and p.name not in used)
+
+    def remove_layer(self, key: str) -> None:
+        remove_tree(self.layer_dir(key))
+
+    def remove_staging(self) -> None:
+        """Removes staging directories a crashed writer left behind."""
+        base = self.root / LAYERS_DIR
+        if base.is_dir():
+            for p in base.iterdir():
+                if p.name.startswith(".tmp-"):
+                    remove_tree(p)
 
     def meta(self, image_id: str) -> ImageMeta:
         d = self._dir(image_id)
@@ -62,10 +170,13 @@ class ImageStore:
         out: list[Path] = []
         cur: str | None = image_id
         while cur is not None:
-            if len(out) >= MAX_DEPTH:
-                raise InvalidArgument(f"image {image_id} has more than {MAX_DEPTH} layers")
             m = self.meta(cur)
-            out.append(self._dir(cur) / "rootfs")
+            if m.layers:
+                out.extend(self.layer_dir(k) for k in m.layers)
+            else:
+                out.append(self._dir(cur) / "rootfs")
+            if len(out) > MAX_DEPTH:
+                raise InvalidArgument(f"image {image_id} has more than {MAX_DEPTH} layers")
             cur = m.parent
         return out
 
@@ -116,6 +227,6 @@ class ImageStore:
         out = []
         if self.root.is_dir():
             for d in sorted(self.root.iterdir()):
-                if (d / "meta.json").is_file():
+                if d.name != LAYERS_DIR and (d / "meta.json").is_file():
                     out.append(self.meta(d.name))
         return out
