@@ -8,7 +8,9 @@ __version__ = "0.1.0"
 from .errors import (  # noqa: E402
     DaemonUnavailable,
     FileNotFoundInSandbox,
+    ImageCorrupt,
     ImageNotFound,
+    ImagePullError,
     InvalidArgument,
     InvalidState,
     NotFound,
@@ -19,6 +21,7 @@ from .errors import (  # noqa: E402
     SandboxNotFound,
     SandboxTerminated,
     SnapshotNotFound,
+    UnsupportedImage,
     VolumeNotFound,
 )
 from .sdk.function import Function, FunctionError, function  # noqa: E402
@@ -37,7 +40,9 @@ __all__ = [
     "Function",
     "FunctionError",
     "Image",
+    "ImageCorrupt",
     "ImageNotFound",
+    "ImagePullError",
     "InvalidArgument",
     "InvalidState",
     "NotFound",
@@ -52,6 +57,7 @@ __all__ = [
     "SandboxPool",
     "SandboxTerminated",
     "SnapshotNotFound",
+    "UnsupportedImage",
     "Volume",
     "VolumeNotFound",
     "__version__",

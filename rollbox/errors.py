@@ -2,6 +2,7 @@
 
     RollboxError
     ├── InvalidArgument
+    │   └── UnsupportedImage     (a media type, platform or archive layout rollbox cannot use)
     ├── NotFound
     │   ├── SandboxNotFound
     │   ├── SnapshotNotFound
@@ -13,6 +14,8 @@
     ├── RuntimeMissing           (runsc or a host prerequisite is absent; carries the fix)
     ├── ResourceExhausted        (disk full, too many sandboxes)
     ├── DaemonUnavailable        (no daemon answers and none could be started)
+    ├── ImagePullError           (a registry or image source failed; retryable)
+    │   └── ImageCorrupt         (digest mismatch, truncated or malformed archive)
     └── ApiError                 (an unmapped daemon failure; carries status and code)
 
 Errors cross the HTTP boundary as `{"code": ..., "message": ..., "sandbox_id": ...}`; `CODES`
@@ -99,12 +102,30 @@ class ApiError(RollboxError):
     code, status = "api_error", 500
 
 
+class ImagePullError(RollboxError):
+    """A registry or image source failed (down, refused, interrupted); a retry may succeed."""
+
+    code, status, retryable = "image_pull_failed", 502, True
+
+
+class ImageCorrupt(ImagePullError):
+    """A blob's content does not match its digest, or an archive is truncated or malformed."""
+
+    code, retryable = "image_corrupt", False
+
+
+class UnsupportedImage(InvalidArgument):
+    """A manifest or layer media type, platform or archive layout rollbox cannot use."""
+
+    code = "unsupported_image"
+
+
 CODES: dict[str, type[RollboxError]] = {
     cls.code: cls
     for cls in (
         RollboxError, InvalidArgument, NotFound, SandboxNotFound, SnapshotNotFound, ImageNotFound,
         VolumeNotFound, FileNotFoundInSandbox, InvalidState, SandboxTerminated, SandboxLost, RuntimeMissing,
-        ResourceExhausted, DaemonUnavailable, ApiError,
+        ResourceExhausted, DaemonUnavailable, ApiError, ImagePullError, ImageCorrupt, UnsupportedImage,
     )
 }
 
