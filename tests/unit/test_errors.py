@@ -51,4 +51,4 @@ def test_hierarchy_and_retryable():
     assert errors.SandboxNotFound.status == 404
     assert errors.SandboxTerminated.status == 409
     retryable = {c for c in CODES.values() if c.retryable}
-    assert retryable == {errors.SandboxLost, errors.ResourceExhausted, errors.DaemonUnavailable}
+    assert retryable == {errors.SandboxLost, errors.ResourceExhausted, errors.DaemonUnavailable, errors.ImagePullError}
