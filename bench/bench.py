@@ -705,6 +705,8 @@ def measure(tr: Tracker, raw: RawRunsc) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="bench.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer samples and no churn (~1-2 min; noisier)")
     ap.add_argument("--shared-daemon", action="store_true",
                     help="use the daemon of ROLLBOX_HOME (default /var/lib/rollbox) instead of a private one")
     return ap.parse_args(argv)
@@ -712,6 +714,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.quick:
+        global N_COLD, N_RESTORE, N_EXEC, N_RAW_EXEC, N_RAW_RESTORE, N_RAW_COLD, POOL_RUNS, RAW_EPISODE_RUNS
+        global NET_CYCLES, IDLE_N
+        N_COLD, N_RESTORE, N_EXEC, N_RAW_EXEC, N_RAW_RESTORE, N_RAW_COLD = 4, 10, 40, 10, 10, 4
+        POOL_RUNS, RAW_EPISODE_RUNS, IDLE_N = ((1, 8), (4, 16)), ((1, 6), (4, 8)), 4
+        NET_CYCLES = int(os.environ.get("ROLLBOX_BENCH_NET_CYCLES", "0"))
     if os.geteuid() != 0:
         print("bench: run as root (runsc, overlay mounts and cgroups need it)", file=sys.stderr)
         return 2

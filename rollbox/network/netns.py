@@ -162,6 +162,16 @@ def create_slot(slot: Slot) -> None:
         raise
 
 
+def reset_slot(slot: Slot) -> None:
+    """Makes a used slot ready again: gVisor takes eth0's address and route out of the host
+    side of the sandbox namespace when it starts, so put them back (idempotent)."""
+    with NetNS(slot.sandbox_ns) as s:
+        eth = s.link_lookup(ifname="eth0")[0]
+        s.flush_addr(index=eth)
+        s.addr("add", index=eth, address=SANDBOX_IP, prefixlen=SANDBOX_PREFIXLEN)
+        s.route("replace", dst="0.0.0.0/0", gateway=GATEWAY_IP)
+
+
 def destroy_slot(slot: Slot) -> None:
     """Removes the slot's namespaces (their veths go with them) and the host end. Idempotent."""
     for name in (slot.router_ns, slot.sandbox_ns):

@@ -306,7 +306,9 @@ class SandboxService:
             else:
                 await channel.request("identity", wait_s=BOOT_TIMEOUT_S, env=identity)
             urls: dict[int, str] = {}
-            if slot is not None and net is not None:
+            if slot is not None and net is not None and (snapshot is None or (resolved and resolved.hosts)):
+                # A restored copy has the files its source had (same policy); only pinned
+                # names are looked up again.
                 await self._write_net_files(channel, sandbox_id, resolved)
                 for port in net.ports:
                     urls[port] = await self.net.ports.expose(sandbox_id, port, slot.uplink_ip, host_ports.get(port, 0))
@@ -346,10 +348,10 @@ class SandboxService:
                 "host_ports": json.dumps({str(p): hp for p, hp in self.net.ports.host_ports(sandbox_id).items()})}
 
     async def _write_net_files(self, channel: AgentChannel, sandbox_id: str, resolved: ResolvedPolicy | None) -> None:
-        """/etc/hosts (localhost, the host name, the allow list's names pinned to the addresses
+        """/etc/hosts (localhost and the allow list's names pinned to the addresses
         the firewall allows) and, with outbound access, /etc/resolv.conf (the host's
         nameservers), as Docker manages both."""
-        lines = ["127.0.0.1\tlocalhost", f"127.0.1.1\t{sandbox_id}"]
+        lines = ["127.0.0.1\tlocalhost"]
         for name, addrs in (resolved.hosts if resolved else {}).items():
             lines += [f"{a}\t{name}" for a in addrs]
         files = {"/etc/hosts": "\n".join(lines) + "\n"}
