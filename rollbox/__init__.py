@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 from .errors import (  # noqa: E402
     DaemonUnavailable,
     FileNotFoundInSandbox,
+    ImageBuildError,
     ImageCorrupt,
     ImageNotFound,
     ImagePullError,
@@ -40,6 +41,7 @@ __all__ = [
     "Function",
     "FunctionError",
     "Image",
+    "ImageBuildError",
     "ImageCorrupt",
     "ImageNotFound",
     "ImagePullError",

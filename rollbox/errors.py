@@ -2,7 +2,8 @@
 
     RollboxError
     ├── InvalidArgument
-    │   └── UnsupportedImage     (a media type, platform or archive layout rollbox cannot use)
+    │   ├── UnsupportedImage     (a media type, platform or archive layout rollbox cannot use)
+    │   └── ImageBuildError      (a build step's command failed; carries its output)
     ├── NotFound
     │   ├── SandboxNotFound
     │   ├── SnapshotNotFound
@@ -102,6 +103,12 @@ class ApiError(RollboxError):
     code, status = "api_error", 500
 
 
+class ImageBuildError(InvalidArgument):
+    """An image build step failed (its command exited non-zero); the message has its output."""
+
+    code = "image_build_failed"
+
+
 class ImagePullError(RollboxError):
     """A registry or image source failed (down, refused, interrupted); a retry may succeed."""
 
@@ -126,6 +133,7 @@ CODES: dict[str, type[RollboxError]] = {
         RollboxError, InvalidArgument, NotFound, SandboxNotFound, SnapshotNotFound, ImageNotFound,
         VolumeNotFound, FileNotFoundInSandbox, InvalidState, SandboxTerminated, SandboxLost, RuntimeMissing,
         ResourceExhausted, DaemonUnavailable, ApiError, ImagePullError, ImageCorrupt, UnsupportedImage,
+        ImageBuildError,
     )
 }
 

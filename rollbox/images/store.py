@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ImageNotFound, InvalidArgument
-from ..runtime.rootfs import copy_tree, remove_tree
+from ..runtime.rootfs import copy_tree, remove_tree, tree_usage
 from .debian import DEBIAN_IMAGE_ID, build_debian_rootfs
 
 MAX_DEPTH = 128
@@ -137,6 +137,41 @@ class ImageStore:
         self._write_meta(meta)
         return meta
 
+    def sizes(self) -> list[dict[str, Any]]:
+        """Every image with `own_bytes` (its own layer, or its shared layers), `total_bytes`
+        (its whole chain) and `shared_bytes` (the part of total that other images use too):
+        a layer is stored once however many images use it."""
+        metas = {m.image_id: m for m in self.list()}
+        cache: dict[Path, int] = {}
+
+        def size(p: Path) -> int:
+            if p not in cache:
+                cache[p] = tree_usage(p)[0] if p.is_dir() else 0
+            return cache[p]
+
+        chains = {i: self.layers(i) for i in metas}
+        users: dict[Path, int] = {}
+        for chain in chains.values():
+            for p in chain:
+                users[p] = users.get(p, 0) + 1
+        out = []
+        for i, m in metas.items():
+            own = [self.layer_dir(k) for k in m.layers] if m.layers else [self._dir(i) / "rootfs"]
+            out.append({**asdict(m), "own_bytes": sum(size(p) for p in own),
+                        "total_bytes": sum(size(p) for p in chains[i]),
+                        "shared_bytes": sum(size(p) for p in chains[i] if users[p] > 1)})
+        return out
+
+    def prune(self) -> dict[str, Any]:
+        """Removes shared layers no image lists and staging left by an interrupted write."""
+        freed, removed = 0, []
+        for key in self.unused_layers():
+            freed += tree_usage(self.layer_dir(key))[0]
+            self.remove_layer(key)
+            removed.append(key)
+        self.remove_staging(older_than_s=3600)
+        return {"removed_layers": removed, "freed_bytes": freed}
+
     def unused_layers(self) -> list[str]:
         """Shared layers no image lists (what `prune` removes)."""
         used = {k for m in self.list() for k in m.layers}
@@ -148,12 +183,14 @@ class ImageStore:
     def remove_layer(self, key: str) -> None:
         remove_tree(self.layer_dir(key))
 
-    def remove_staging(self) -> None:
-        """Removes staging directories a crashed writer left behind."""
+    def remove_staging(self, older_than_s: float = 0.0) -> None:
+        """Removes staging directories a crashed writer left behind (only those untouched
+        for `older_than_s` seconds: a pull or build in progress keeps its own)."""
         base = self.root / LAYERS_DIR
         if base.is_dir():
+            now = time.time()
             for p in base.iterdir():
-                if p.name.startswith(".tmp-"):
+                if p.name.startswith(".tmp-") and now - p.stat().st_mtime >= older_than_s:
                     remove_tree(p)
 
     def meta(self, image_id: str) -> ImageMeta:
@@ -208,7 +245,7 @@ class ImageStore:
         d.mkdir(parents=True)
         try:
             copy_tree(upper, d / "rootfs")
-            meta = ImageMeta(image_id, "filesystem", parent, time.time())
+            meta = ImageMeta(image_id, "filesystem", parent, time.time(), config=self.meta(parent).config)
             self._write_meta(meta)
         except BaseException:
             remove_tree(d)

@@ -57,6 +57,10 @@ class Sandbox:
             Whatever the policy, a sandbox never reaches the daemon, the host's own addresses,
             other sandboxes or link-local metadata (169.254.0.0/16).
 
+        entrypoint: start the image's Entrypoint + Cmd (OCI config) as the sandbox's main
+            process (output in /tmp/.rollbox-entrypoint.log). None (default): when the image
+            declares an Entrypoint. Commands run with the image's Env, WorkingDir and User.
+
     A sandbox with neither ports nor outbound access has loopback only (the fastest start).
     Otherwise it gets its own network namespace and gVisor netstack; its memory snapshots
     restore into copies that each have their own network and URLs.
@@ -72,6 +76,7 @@ class Sandbox:
     ports: list[int] = field(default_factory=list)
     block_network: bool = True
     allow_list: list[str] | None = None
+    entrypoint: bool | None = None
     client: Client | None = field(default=None, compare=False, repr=False)
 
     def _client(self) -> Client:
@@ -82,7 +87,8 @@ class Sandbox:
         """Boots a fresh sandbox and returns once its first command can run.
 
         Raises:
-            ImageNotFound: the image id is unknown.
+            ImageNotFound: the image id is unknown (or a registry has no such image).
+            ImageBuildError: a build step of the image failed (its output is in the message).
             RuntimeMissing: runsc is not installed (the message says how to install it).
             DaemonUnavailable: no daemon answers and none could be started.
             SandboxLost: runsc failed to start the sandbox (nothing is left behind).
@@ -91,10 +97,11 @@ class Sandbox:
         """
         c = self._client()
         info = _info(c.request("POST", "/sandboxes", json={
-            "image_id": self.image.image_id, "cpu": self.cpu, "memory": self.memory, "env": self.env,
+            "image_id": self.image.resolve(c), "cpu": self.cpu, "memory": self.memory, "env": self.env,
             "keep_warm_seconds": self.keep_warm_seconds, "volumes": [v.to_wire() for v in self.volumes],
             "tags": self.tags, "ports": list(self.ports), "block_network": self.block_network,
-            "allow_list": None if self.allow_list is None else list(self.allow_list)}))
+            "allow_list": None if self.allow_list is None else list(self.allow_list),
+            "entrypoint": self.entrypoint}))
         return SandboxInstance(info.sandbox_id, c, info)
 
     @synchronized

@@ -40,6 +40,15 @@ class CreateSandbox(BaseModel):
     block_network: bool = Field(True, description="block all outbound traffic (the default)")
     allow_list: list[str] | None = Field(None, description="with block_network=false: the only CIDRs and host "
                                          "names the sandbox may reach; null: anywhere")
+    entrypoint: bool | None = Field(None, description="start the image's Entrypoint+Cmd as the main process; "
+                                    "null: when the image declares an Entrypoint")
+
+
+class BuildImage(BaseModel):
+    base: dict[str, Any] = Field(default_factory=dict, description=(
+        "{'image_id': ID} | {'registry': REF, 'credentials': [user, password] | null, 'insecure': bool} | "
+        "{'docker_archive': PATH} | {'oci_layout': PATH, 'ref': NAME | null}; {} is the Debian base"))
+    steps: list[dict[str, Any]] = Field(default_factory=list, description="build steps (see rollbox.server.builder)")
 
 
 class ExposePort(BaseModel):
@@ -134,7 +143,8 @@ def create_app(service: SandboxService) -> FastAPI:
         info = await service.create(image_id=body.image_id, cpu=body.cpu, memory_mib=body.memory, env=body.env,
                                     keep_warm_seconds=body.keep_warm_seconds,
                                     volumes=[v.model_dump() for v in body.volumes], tags=body.tags,
-                                    ports=body.ports, block_network=body.block_network, allow_list=body.allow_list)
+                                    ports=body.ports, block_network=body.block_network, allow_list=body.allow_list,
+                                    entrypoint=body.entrypoint)
         return asdict(info)
 
     @app.post("/sandboxes/{sandbox_id}/ports")
@@ -242,7 +252,15 @@ def create_app(service: SandboxService) -> FastAPI:
 
     @app.get("/images")
     async def list_images() -> list[dict[str, Any]]:
-        return [asdict(m) for m in service.images.list()]
+        return await asyncio.to_thread(service.images.sizes)
+
+    @app.post("/images/build")
+    async def build_image(body: BuildImage) -> dict[str, Any]:
+        return await service.build_image(body.base, body.steps)
+
+    @app.post("/images/prune")
+    async def prune_images() -> dict[str, Any]:
+        return await asyncio.to_thread(service.images.prune)
 
     @app.get("/images/{image_id}")
     async def get_image(image_id: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any
 
 from .. import errors
 from ..config import Paths
+from ..images.debian import DEBIAN_IMAGE_ID
 from ..images.store import ImageStore
 from ..network.manager import NetworkManager
 from ..network.netns import Slot
@@ -38,6 +39,7 @@ from ..runtime.runsc import Runsc, runsc_processes
 from ..snapshots.store import SnapshotMeta, SnapshotStore, new_snapshot_id
 from ..types import SandboxInfo
 from ..volumes.store import VolumeStore, check_mount_path, check_name
+from .builder import Builder
 from .store import LIVE_STATES, Store
 from .warm import WarmPools
 
@@ -135,6 +137,9 @@ class Live:
     volumes: list[dict[str, str]] = field(default_factory=list)
     key: bytes = b""
     net: NetworkSpec | None = None
+    # From the image's config: the default working directory and user of commands.
+    workdir: str | None = None
+    user: str | None = None
 
 
 class SandboxService:
@@ -159,6 +164,7 @@ class SandboxService:
         # Sandbox id -> its network slot (the only record of which slot is whose).
         self._slots: dict[str, Slot] = {}
         self.warm = WarmPools(self)
+        self.builder = Builder(self)
         # Restores and boots are CPU-bound: a bounded number at once keeps each one fast and
         # a fork(1024) from starting a thousand runsc processes together.
         self._boots = asyncio.Semaphore(max(2, 2 * (os.cpu_count() or 1)))
@@ -322,8 +328,9 @@ class SandboxService:
                 raise errors.SandboxLost(f"sandbox {sandbox_id} did not answer within {BOOT_TIMEOUT_S:.0f} s "
                                          f"of starting; see `rollbox doctor`", sandbox_id=sandbox_id) from None
             raise
+        cfg = self.images.meta(image_id).image_config
         lv = Live(sandbox_id, channel, image_id, cpu, memory_mib, env, keep_warm_seconds, volumes=volumes, key=key,
-                  net=net)
+                  net=net, workdir=cfg.working_dir, user=cfg.user)
         self.live[sandbox_id] = lv
         now = time.time()
         net_cols = self._net_columns(sandbox_id, net)
@@ -413,8 +420,16 @@ class SandboxService:
                      env: dict[str, str] | None = None, keep_warm_seconds: float | None = 600,
                      volumes: list[dict[str, str]] | None = None, tags: dict[str, str] | None = None,
                      ports: list[int] | None = None, block_network: bool = True,
-                     allow_list: list[str] | None = None) -> SandboxInfo:
+                     allow_list: list[str] | None = None, entrypoint: bool | None = None) -> SandboxInfo:
+        """A fresh sandbox of `image_id`. The image's config applies: its Env under `env`, its
+        WorkingDir and User for commands, and its Entrypoint + Cmd started as the main process
+        when `entrypoint` is True, or None and the image declares one."""
         net = NetworkSpec.parse(ports, block_network, allow_list)  # validated before anything exists
+        cfg = self.images.meta(image_id).image_config  # raises ImageNotFound
+        main = [*(cfg.entrypoint or []), *(cfg.cmd or [])] if (entrypoint or (entrypoint is None and cfg.entrypoint)) else []
+        if entrypoint and not main:
+            raise errors.InvalidArgument(f"image {image_id} declares no Entrypoint or Cmd to start")
+        env = {**cfg.env_dict(), **(env or {})}
         vols = []
         seen: set[str] = set()
         for v in volumes or []:
@@ -423,9 +438,16 @@ class SandboxService:
                 raise errors.InvalidArgument(f"two volumes are mounted at {mp}; give each its own mount_path")
             seen.add(mp)
             vols.append({"name": check_name(v.get("name", "")), "mount_path": mp})
-        return await self._boot(sandbox_id=new_sandbox_id(), image_id=image_id, cpu=cpu, memory_mib=memory_mib,
-                                env=dict(env or {}), keep_warm_seconds=keep_warm_seconds, volumes=vols, tags=tags,
-                                net=net)
+        info = await self._boot(sandbox_id=new_sandbox_id(), image_id=image_id, cpu=cpu, memory_mib=memory_mib,
+                                env=env, keep_warm_seconds=keep_warm_seconds, volumes=vols, tags=tags, net=net)
+        if main:
+            try:
+                await self._agent(info.sandbox_id, "spawn", argv=main, env={}, cwd=cfg.working_dir, user=cfg.user,
+                                  log="/tmp/.rollbox-entrypoint.log")
+            except errors.RollboxError:
+                await self.terminate(info.sandbox_id, reason="entrypoint failed")
+                raise
+        return info
 
     async def acquire(self, snapshot_id: str, *, keep_warm_seconds: float | None = 600,
                       tags: dict[str, str] | None = None) -> SandboxInfo:
@@ -689,7 +711,8 @@ class SandboxService:
         lv.busy += 1
         try:
             reply = await self._request(
-                lv, "exec", None if timeout is None else timeout + 30.0, argv=argv, env=env or {}, cwd=cwd,
+                lv, "exec", None if timeout is None else timeout + 30.0, argv=argv, env=env or {}, cwd=cwd or lv.workdir,
+                user=lv.user,
                 stdin=stdin, timeout=timeout, max_output=max_output or DEFAULT_MAX_OUTPUT)
         except errors.RollboxError:
             # Running out of memory ends the whole sandbox: report it on the exec that did it.
@@ -846,6 +869,34 @@ class SandboxService:
             else:
                 out.append({"sandbox": r})
         return out
+
+    async def build_image(self, base: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+        """Resolves `base` to a stored image (the Debian base, an image id, a registry pull, a
+        docker-save archive or an OCI layout, each imported once) and builds `steps` on it."""
+        image_id = await self.resolve_base(base)
+        final, reports = await self.builder.build(image_id, steps)
+        return {"image_id": final, "base_image_id": image_id, "steps": [asdict(r) for r in reports]}
+
+    async def resolve_base(self, base: dict[str, Any]) -> str:
+        from ..images import archive, registry  # the OCI importers
+
+        if base.get("registry"):
+            cred = base.get("credentials")
+            meta = await asyncio.to_thread(registry.pull, self.images, str(base["registry"]),
+                                           tuple(cred) if cred else None, bool(base.get("insecure")))
+            return meta.image_id
+        if base.get("docker_archive"):
+            meta = await asyncio.to_thread(archive.import_docker_archive, self.images, Path(str(base["docker_archive"])))
+            return meta.image_id
+        if base.get("oci_layout"):
+            meta = await asyncio.to_thread(archive.import_oci_layout, self.images, Path(str(base["oci_layout"])),
+                                           base.get("ref"))
+            return meta.image_id
+        image_id = str(base.get("image_id") or DEBIAN_IMAGE_ID)
+        if image_id == DEBIAN_IMAGE_ID:
+            await asyncio.to_thread(self.images.ensure_debian)
+        self.images.meta(image_id)
+        return image_id
 
     async def create_image_from_filesystem(self, sandbox_id: str) -> str:
         lv = await self._running(sandbox_id)

@@ -102,6 +102,7 @@ async def recover(svc: SandboxService) -> dict[str, int]:
     cleaned += len(stale)
     for cid in cgroups.leftover_ids(svc.cg) - live_cids:
         cgroups.remove(cid, svc.cg)
+    svc.images.remove_staging()  # no pull or build is in flight before the daemon serves
     for meta in svc.snapshots.list():
         if meta.internal:
             await svc.delete_snapshot_files(meta.snapshot_id)
