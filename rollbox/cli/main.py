@@ -224,11 +224,59 @@ def _age(seconds: float) -> str:
 
 @image_app.command("ls")
 def image_ls() -> None:
-    """List images (the base image and those made from sandbox filesystems)."""
+    """List images with sizes: OWN (its own layers), TOTAL (its whole chain) and SHARED (the
+    part of TOTAL other images use too; stored once)."""
     now = time.time()
-    print(f"{'IMAGE':<28} {'KIND':<11} {'PARENT':<28} {'AGE':>6}")
-    for m in _client().request("GET", "/images"):
-        print(f"{m['image_id']:<28} {m['kind']:<11} {m['parent'] or '-':<28} {_age(now - m['created_at']):>6}")
+    print(f"{'IMAGE':<28} {'KIND':<10} {'PARENT':<28} {'OWN_MiB':>8} {'TOTAL_MiB':>9} {'SHARED_MiB':>10} {'AGE':>5}  SOURCE")
+    rows = _client().request("GET", "/images")
+    for m in rows:
+        print(f"{m['image_id']:<28} {m['kind']:<10} {m['parent'] or '-':<28} {m['own_bytes'] / 2**20:>8.1f} "
+              f"{m['total_bytes'] / 2**20:>9.1f} {m['shared_bytes'] / 2**20:>10.1f} {_age(now - m['created_at']):>5}  "
+              f"{m.get('source') or ''}")
+    print(f"store: {sum(m['own_bytes'] for m in rows) / 2**20:.1f} MiB in {len(rows)} images")
+
+
+@image_app.command("build")
+def image_build(target: str = typer.Argument(..., help="FILE.py:NAME, NAME an Image in that file")) -> None:
+    """Build an Image defined in a Python file (each step cached; unchanged steps do no work)."""
+    import runpy
+
+    from ..sdk.image import Image
+
+    path, _, name = target.rpartition(":")
+    if not path or not name:
+        raise typer.BadParameter("expected FILE.py:NAME")
+    ns = runpy.run_path(path)
+    img = ns.get(name)
+    if not isinstance(img, Image):
+        raise typer.BadParameter(f"{name} in {path} is not a rollbox Image")
+    rep = img.build_report(_client())
+    for st in rep["steps"]:
+        print(f"{'cached' if st['cached'] else 'built':<7} {st['seconds']:>7.1f}s  {st['image_id']}  {st['step']}")
+    print(rep["image_id"])
+
+
+@image_app.command("import")
+def image_import(path: str, oci: bool = typer.Option(False, help="PATH is an OCI image layout (dir or tar)"),
+                 ref: str = typer.Option(None, help="which image in the archive or layout (tag / ref name)")) -> None:
+    """Import a `docker save` archive (default) or an OCI layout from this machine."""
+    from pathlib import Path as _P
+    base = {"oci_layout": str(_P(path).resolve()), "ref": ref} if oci else {"docker_archive": str(_P(path).resolve())}
+    print(_client().request("POST", "/images/build", json={"base": base, "steps": []})["image_id"])
+
+
+@image_app.command("pull")
+def image_pull(reference: str, insecure: bool = typer.Option(False, help="plain HTTP to the registry")) -> None:
+    """Pull an image from an OCI registry (linux/amd64)."""
+    base = {"registry": reference, "insecure": insecure}
+    print(_client().request("POST", "/images/build", json={"base": base, "steps": []})["image_id"])
+
+
+@image_app.command("prune")
+def image_prune() -> None:
+    """Remove shared layers no image uses (and leftovers of interrupted writes)."""
+    r = _client().request("POST", "/images/prune")
+    print(f"removed {len(r['removed_layers'])} layers, freed {r['freed_bytes'] / 2**20:.1f} MiB")
 
 
 @image_app.command("rm")
