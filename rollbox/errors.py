@@ -11,9 +11,11 @@
     │   └── VolumeNotFound
     ├── InvalidState             (e.g. exec on a terminated sandbox)
     │   └── SandboxTerminated
+    │       └── FunctionTimeout  (a remote function ran past its timeout; its sandbox was killed)
     ├── SandboxLost              (died or unreachable: an infrastructure fault, retryable)
     ├── RuntimeMissing           (runsc or a host prerequisite is absent; carries the fix)
     ├── ResourceExhausted        (disk full, too many sandboxes)
+    ├── ResourceUnavailable      (not on this machine at all, e.g. a GPU)
     ├── DaemonUnavailable        (no daemon answers and none could be started)
     ├── ImagePullError           (a registry or image source failed; retryable)
     │   └── ImageCorrupt         (digest mismatch, truncated or malformed archive)
@@ -83,12 +85,24 @@ class SandboxTerminated(InvalidState):
     code = "sandbox_terminated"
 
 
+class FunctionTimeout(SandboxTerminated):
+    """A remote function ran past its `timeout`; its sandbox was killed."""
+
+    code = "function_timeout"
+
+
 class SandboxLost(RollboxError):
     code, status, retryable = "sandbox_lost", 502, True
 
 
 class RuntimeMissing(RollboxError):
     code, status = "runtime_missing", 503
+
+
+class ResourceUnavailable(RollboxError):
+    """This machine does not have what was asked for (e.g. a GPU): never silently run without."""
+
+    code, status = "resource_unavailable", 503
 
 
 class ResourceExhausted(RollboxError):
@@ -133,7 +147,7 @@ CODES: dict[str, type[RollboxError]] = {
         RollboxError, InvalidArgument, NotFound, SandboxNotFound, SnapshotNotFound, ImageNotFound,
         VolumeNotFound, FileNotFoundInSandbox, InvalidState, SandboxTerminated, SandboxLost, RuntimeMissing,
         ResourceExhausted, DaemonUnavailable, ApiError, ImagePullError, ImageCorrupt, UnsupportedImage,
-        ImageBuildError,
+        ImageBuildError, FunctionTimeout, ResourceUnavailable,
     )
 }
 

@@ -24,6 +24,13 @@ DEFAULT_ENV = {
     "PYTHONDONTWRITEBYTECODE": "1",
 }
 CPU_PERIOD_US = 100_000
+# Every capability, for `docker_enabled` sandboxes (a Docker daemon inside gVisor needs them;
+# they are the sandbox kernel's capabilities, not the host's).
+ALL_CAPS = [*DEFAULT_CAPS, "CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SYS_PTRACE", "CAP_SYS_RESOURCE", "CAP_IPC_LOCK",
+            "CAP_SYS_NICE", "CAP_SYS_TIME", "CAP_DAC_READ_SEARCH", "CAP_LINUX_IMMUTABLE", "CAP_NET_BROADCAST",
+            "CAP_IPC_OWNER", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_PACCT", "CAP_SYS_BOOT", "CAP_LEASE",
+            "CAP_SYS_TTY_CONFIG", "CAP_AUDIT_CONTROL", "CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN", "CAP_SYSLOG",
+            "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ"]
 
 
 @dataclass(frozen=True)
@@ -47,13 +54,19 @@ class BundleSpec:
     binds: tuple[tuple[str, str], ...] = ()
     # A prepared network namespace (/run/netns/NAME) for gVisor's netstack; None: loopback only.
     netns_path: str | None = None
+    # OCI device entries (NVIDIA GPUs for nvproxy); empty: none.
+    devices: tuple[dict[str, object], ...] = ()
+    # Docker inside the sandbox: every capability for its commands, and cgroupfs mounted.
+    privileged: bool = False
 
 
 def oci_spec(spec: BundleSpec) -> dict[str, object]:
     env = dict(DEFAULT_ENV)
     env.update(spec.env)
+    if spec.privileged:
+        env["ROLLBOX_PRIVILEGED"] = "1"  # the agent then keeps CAP_SYS_ADMIN in the bounding set
     # CAP_SYS_ADMIN for the agent alone: it drops it from the bounding set at start (agent.py).
-    caps = [*DEFAULT_CAPS, "CAP_SYS_ADMIN"]
+    caps = ALL_CAPS if spec.privileged else [*DEFAULT_CAPS, "CAP_SYS_ADMIN"]
     return {
         "ociVersion": "1.0.0",
         "process": {
@@ -77,6 +90,7 @@ def oci_spec(spec: BundleSpec) -> dict[str, object]:
              "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
             {"destination": "/sys", "type": "sysfs", "source": "sysfs",
              "options": ["nosuid", "noexec", "nodev", "ro"]},
+            *([{"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup"}] if spec.privileged else []),
             {"destination": AGENT_MOUNT, "type": "bind", "source": str(spec.agent_dir),
              "options": ["rbind", "ro"]},
             *({"destination": dest, "type": "bind", "source": src, "options": ["rbind", "rw"]}
@@ -91,6 +105,7 @@ def oci_spec(spec: BundleSpec) -> dict[str, object]:
                 "cpu": {"quota": int(spec.cpu * CPU_PERIOD_US), "period": CPU_PERIOD_US},
                 "pids": {"limit": spec.pids},
             },
+            **({"devices": list(spec.devices)} if spec.devices else {}),
         },
     }
 

@@ -70,10 +70,14 @@ class Runsc:
         if not self.binary or not os.access(self.binary, os.X_OK):
             raise RuntimeMissing(f"gVisor runsc is not installed: {INSTALL_HINT}")
 
-    def argv(self, *verb: str, networked: bool = False) -> list[str]:
+    def argv(self, *verb: str, networked: bool = False, gpu: bool = False, privileged: bool = False) -> list[str]:
         self.check()
         net = ["--network=sandbox", "--net-disconnect-ok"] if networked else [f"--network={self.network}"]
-        return [self.binary, "--root", str(self.root), f"--platform={self.platform}", *net,
+        # nvproxy: the sandbox's GPU ioctls go to the host driver (gvisor.dev/docs/user_guide/gpu).
+        nv = ["--nvproxy", "--nvproxy-docker"] if gpu else []
+        if privileged:
+            nv.append("--net-raw")  # Docker inside needs raw sockets
+        return [self.binary, "--root", str(self.root), f"--platform={self.platform}", *net, *nv,
                 "--overlay2=none", *verb]
 
     async def run(self, *verb: str, timeout: float = 60.0) -> RunscResult:
@@ -89,7 +93,8 @@ class Runsc:
         return RunscResult(proc.returncode or 0, out, err)
 
     async def start_detached(self, verb: str, container_id: str, bundle: Path, *, stdin_fd: int,
-                             stdout_fd: int, log_path: Path, extra: tuple[str, ...] = (), networked: bool = False,
+                             stdout_fd: int, log_path: Path, extra: tuple[str, ...] = (), networked: bool = False, gpu: bool = False,
+                             privileged: bool = False,
                              timeout: float = 60.0) -> RunscResult:
         """`runsc run|restore -detach`: the sandbox inherits stdin/stdout (the agent channel).
 
@@ -97,7 +102,8 @@ class Runsc:
         The sandbox runs in its own session so that signals to the daemon do not reach it.
         networked: gVisor's netstack in the network namespace named by the bundle's spec.
         """
-        argv = self.argv(verb, "-detach", *extra, "--bundle", str(bundle), container_id, networked=networked)
+        argv = self.argv(verb, "-detach", *extra, "--bundle", str(bundle), container_id, networked=networked, gpu=gpu,
+                         privileged=privileged)
         if networked:
             argv = [*NETNS_WRAPPER, *argv]
         with open(log_path, "ab") as log:

@@ -18,6 +18,7 @@ wrote) belongs in `Sandbox.exec`, whose results are plain bytes.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import functools
 import secrets
 import sys
@@ -47,21 +48,27 @@ with open({WORKDIR!r} + "/fn.pkl", "rb") as f:
 with open(job + ".in", "rb") as f:
     args, kwargs = cloudpickle.load(f)
 try:
-    out = (True, fn(*args, **kwargs))
+    out = (True, fn(*args, **kwargs), "")
 except BaseException as e:
-    out = (False, (e, traceback.format_exc()))
+    tb = traceback.format_exc()
+    try:
+        exc = cloudpickle.dumps(e)
+    except Exception:
+        exc = None
+    out = (False, exc, "%s: %s" % (type(e).__name__, e), tb)
 try:
     data = cloudpickle.dumps(out)
 except Exception as e:
-    data = cloudpickle.dumps((False, (RuntimeError("result could not be pickled: %r" % e), traceback.format_exc())))
+    data = cloudpickle.dumps((False, None, "the result could not be pickled: %r" % e, traceback.format_exc()))
 with open(job + ".out", "wb") as f:
     f.write(data)
 """
+VERSION_CHECK = "import sys; print('%d.%d' % sys.version_info[:2])"
 
 
 class FunctionError(errors.RollboxError):
-    """The remote function raised; `.remote_traceback` has its traceback, `__cause__` the
-    original exception when it could be unpickled."""
+    """The remote function raised an exception that could not be brought back as itself (its
+    class does not unpickle here); `.remote_traceback` has the remote traceback text."""
 
     code = "function_error"
     status = 500
@@ -80,6 +87,22 @@ class FunctionSpec:
     env: dict[str, str] = field(default_factory=dict)
     timeout: float | None = 600.0
     retries: int = 1
+    gpu: str | None = None
+    gpu_count: int = 1
+
+
+class FunctionCall(Generic[R]):
+    """A call started by `.spawn()`: `get(timeout=None)` waits for its value (or raises what
+    `.remote()` would), `done()` says whether it finished."""
+
+    def __init__(self, fut: "cf.Future[R]") -> None:
+        self._fut = fut
+
+    def get(self, timeout: float | None = None) -> R:
+        return self._fut.result(timeout)
+
+    def done(self) -> bool:
+        return self._fut.done()
 
 
 def _cloudpickle_files() -> list[tuple[str, bytes]]:
@@ -103,9 +126,24 @@ class Function(Generic[R]):
         s = self.spec
         return Sandbox(image=s.image, cpu=s.cpu, memory=s.memory, volumes=list(s.volumes), env=s.env,
                        keep_warm_seconds=max(600.0, (s.timeout or 0) + 60), client=self._client,
-                       tags={"rollbox.function": getattr(self.fn, "__qualname__", "function")})
+                       tags={"rollbox.function": getattr(self.fn, "__qualname__", "function")},
+                       gpu=s.gpu, gpu_count=s.gpu_count)
+
+    def _check_python(self, sb: SandboxInstance) -> None:
+        """Code objects pickle per minor version: refuse a mismatch clearly, not with a crash."""
+        here = "%d.%d" % sys.version_info[:2]
+        r = sb.exec("python3", "-c", VERSION_CHECK, timeout=60)
+        there = r.text().strip()
+        if r.exit_code != 0:
+            raise errors.InvalidArgument(f"the function's image has no working python3 ({r.stderr_text()[-300:]}); "
+                                         f"it needs Python {here}, like the caller")
+        if there != here:
+            raise errors.InvalidArgument(f"the function's image has Python {there} but this caller runs {here}: "
+                                         f"cloudpickled code needs the same minor version; use an image with "
+                                         f"Python {here} (e.g. Image.from_registry('python:{here}-slim'))")
 
     def _load(self, sb: SandboxInstance) -> None:
+        self._check_python(sb)
         for rel, data in _cloudpickle_files():
             sb.fs.write_file(f"{WORKDIR}/pkgs/{rel}", data)
         sb.fs.write_file(f"{WORKDIR}/runner.py", RUNNER.encode())
@@ -128,34 +166,63 @@ class Function(Generic[R]):
         sb.fs.write_file(job + ".in", cloudpickle.dumps((args, kwargs)))
         r = sb.exec("python3", f"{WORKDIR}/runner.py", job, timeout=self.spec.timeout)
         if r.timed_out:
-            raise errors.SandboxTerminated(f"function {self.fn.__qualname__} ran past its timeout "
-                                           f"({self.spec.timeout} s)", sandbox_id=sb.sandbox_id)
+            sb.terminate()  # what the function started dies with its sandbox
+            raise errors.FunctionTimeout(f"function {self.fn.__qualname__} ran past its timeout "
+                                         f"({self.spec.timeout} s); its sandbox was killed", sandbox_id=sb.sandbox_id)
         if r.oom_killed:
             raise errors.ResourceExhausted(f"function {self.fn.__qualname__} ran out of memory "
                                            f"({self.spec.memory} MiB); raise memory=", sandbox_id=sb.sandbox_id)
         try:
-            ok, value = cloudpickle.loads(sb.fs.read_file(job + ".out"))
+            out = cloudpickle.loads(sb.fs.read_file(job + ".out"))
         except errors.FileNotFoundInSandbox:
             raise FunctionError(f"function {self.fn.__qualname__} died without a result (exit {r.exit_code}): "
                                 f"{r.stderr_text()[-1500:]}") from None
         except errors.InvalidArgument as e:
             raise FunctionError(f"function {self.fn.__qualname__} returned a result too large to bring back "
                                 f"({e}); write big outputs to a Volume and return their path") from None
-        if ok:
-            return value  # type: ignore[no-any-return]
-        exc, tb = value
-        raise FunctionError(f"function {self.fn.__qualname__} raised {type(exc).__name__}: {exc}", tb) from exc
+        if out[0]:
+            return out[1]  # type: ignore[no-any-return]
+        _ok, pickled, summary, tb = out
+        exc: BaseException | None = None
+        if pickled is not None:
+            try:
+                exc = cloudpickle.loads(pickled)
+            except Exception:  # noqa: BLE001 - its class does not exist here
+                exc = None
+        if isinstance(exc, BaseException):
+            # The remote exception itself, so `except ValueError:` works; the traceback text
+            # from the sandbox rides along as a note and an attribute.
+            exc.add_note(f"remote traceback (function {self.fn.__qualname__} in sandbox {sb.sandbox_id}):\n{tb}")
+            try:
+                exc.remote_traceback = tb  # type: ignore[attr-defined]
+            except AttributeError:
+                pass
+            raise exc
+        raise FunctionError(f"function {self.fn.__qualname__} raised {summary}", tb)
 
     def remote(self, *args: Any, **kwargs: Any) -> R:
         """Runs one call in a fresh sandbox and returns its result.
 
         Raises:
-            FunctionError: the function raised (the original exception is its __cause__).
-            SandboxTerminated: it ran past `timeout`. ResourceExhausted: out of memory.
+            The function's own exception (same type, with `.remote_traceback` and a note holding
+            the remote traceback), or FunctionError when its class cannot be unpickled here.
+            FunctionTimeout: it ran past `timeout` (its sandbox was killed). ResourceExhausted:
+            out of memory. ResourceUnavailable: `gpu=` on a machine without one.
         """
         with self._sandbox().create() as sb:
             self._load(sb)
             return self._run(sb, args, kwargs)
+
+    def spawn(self, *args: Any, **kwargs: Any) -> FunctionCall[R]:
+        """Starts `.remote(*args)` in the background; returns a handle (`.get()`)."""
+        ex = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollbox-spawn")
+        fut = ex.submit(self.remote, *args, **kwargs)
+        ex.shutdown(wait=False)
+        return FunctionCall(fut)
+
+    def local(self, *args: Any, **kwargs: Any) -> R:
+        """Runs the function here, in this process (no sandbox)."""
+        return self.fn(*args, **kwargs)
 
     def map(self, inputs: Iterable[Any], *, max_concurrency: int = 4, return_exceptions: bool = False
             ) -> Iterator[R | BaseException]:
@@ -180,7 +247,11 @@ class Function(Generic[R]):
                 def call(sb: SandboxInstance, x: Any) -> Any:
                     try:
                         return {"ok": True, "v": self._run(sb, (x,), {})}
-                    except FunctionError as e:
+                    except errors.RollboxError as e:
+                        if isinstance(e, (errors.SandboxLost, errors.DaemonUnavailable)):
+                            raise  # a platform fault: the pool retries it on a fresh sandbox
+                        return {"ok": False, "e": e}
+                    except Exception as e:  # noqa: BLE001 - the function's own exception
                         return {"ok": False, "e": e}
                 for res in pool.map(call, items, timeout=None if self.spec.timeout is None else self.spec.timeout + 60,
                                     retries=self.spec.retries, ordered=True, progress=False):
@@ -207,7 +278,7 @@ def _default() -> Client:
 
 def function(fn: Callable[..., R] | None = None, *, image: Image | None = None, cpu: float = 1.0,
              memory: int = 1024, volumes: Iterable[Volume] = (), env: dict[str, str] | None = None,
-             timeout: float | None = 600.0, retries: int = 1, gpu: str | None = None,
+             timeout: float | None = 600.0, retries: int = 1, gpu: str | None = None, gpu_count: int = 1,
              client: Client | None = None) -> Any:
     """Decorator: `@function` or `@function(cpu=2.0, memory=2048, volumes=[...], timeout=60)`.
 
@@ -216,11 +287,14 @@ def function(fn: Callable[..., R] | None = None, *, image: Image | None = None, 
         volumes: Volume list mounted in every call's sandbox. env: environment variables.
         timeout: seconds per call (None: no limit). retries: extra attempts after a platform fault
             (in `.map()`).
-        gpu: not supported yet (GPU sandboxes come with the GPU work); a value raises InvalidArgument.
+        gpu: None, "any", or a model ("H100", "A100", "L4", ...): each call's sandbox gets
+            `gpu_count` NVIDIA GPUs through gVisor's nvproxy. On a machine without a matching
+            GPU the call raises ResourceUnavailable (never a silent CPU run).
     """
-    if gpu is not None:
-        raise errors.InvalidArgument(f"gpu={gpu!r}: GPU functions are not supported by this build yet")
-    spec = FunctionSpec(image or Image.debian(), cpu, memory, tuple(volumes), dict(env or {}), timeout, retries)
+    if timeout is not None and timeout <= 0:
+        raise errors.InvalidArgument(f"timeout={timeout} must be a positive number of seconds or None")
+    spec = FunctionSpec(image or Image.debian(), cpu, memory, tuple(volumes), dict(env or {}), timeout, retries,
+                        gpu, gpu_count)
 
     def wrap(f: Callable[..., R]) -> Function[R]:
         return Function(f, spec, client)

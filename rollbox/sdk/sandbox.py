@@ -57,9 +57,16 @@ class Sandbox:
             Whatever the policy, a sandbox never reaches the daemon, the host's own addresses,
             other sandboxes or link-local metadata (169.254.0.0/16).
 
+        docker_enabled: run a Docker daemon inside (the image needs Docker, e.g.
+            `Image.debian().apt_install("docker.io")`); `sb.docker.run(image, *cmd)` then runs
+            nested containers. Its commands get every capability (of gVisor's kernel).
         entrypoint: start the image's Entrypoint + Cmd (OCI config) as the sandbox's main
             process (output in /tmp/.rollbox-entrypoint.log). None (default): when the image
             declares an Entrypoint. Commands run with the image's Env, WorkingDir and User.
+
+        gpu: None, "any" or a model ("H100", "A100", ...): `gpu_count` NVIDIA GPUs through
+            gVisor's nvproxy. On a machine without a matching GPU, create() raises
+            ResourceUnavailable (never a silent CPU run).
 
     A sandbox with neither ports nor outbound access has loopback only (the fastest start).
     Otherwise it gets its own network namespace and gVisor netstack; its memory snapshots
@@ -77,6 +84,9 @@ class Sandbox:
     block_network: bool = True
     allow_list: list[str] | None = None
     entrypoint: bool | None = None
+    gpu: str | None = None
+    gpu_count: int = 1
+    docker_enabled: bool = False
     client: Client | None = field(default=None, compare=False, repr=False)
 
     def _client(self) -> Client:
@@ -101,7 +111,8 @@ class Sandbox:
             "keep_warm_seconds": self.keep_warm_seconds, "volumes": [v.to_wire() for v in self.volumes],
             "tags": self.tags, "ports": list(self.ports), "block_network": self.block_network,
             "allow_list": None if self.allow_list is None else list(self.allow_list),
-            "entrypoint": self.entrypoint}))
+            "entrypoint": self.entrypoint, "gpu": self.gpu, "gpu_count": self.gpu_count,
+            "docker_enabled": self.docker_enabled}))
         return SandboxInstance(info.sandbox_id, c, info)
 
     @synchronized
@@ -158,6 +169,24 @@ class SandboxFileSystem:
         self._sb._call("POST", "files/remove", {"path": path})
 
 
+class SandboxDocker:
+    """Docker inside a `docker_enabled=True` sandbox (gVisor's Docker-in-gVisor mode: nested
+    containers share the sandbox's network; images live in the sandbox's /tmp)."""
+
+    def __init__(self, sb: "SandboxInstance") -> None:
+        self._sb = sb
+
+    def run(self, image: str, *cmd: str, args: list[str] | None = None, timeout: float | None = None) -> ExecResult:
+        """`docker run --rm --network=host [args] IMAGE CMD...` inside the sandbox."""
+        return self._sb.exec("docker", "run", "--rm", "--network=host", *(args or []), image, *cmd, timeout=timeout)
+
+    def load(self, archive: bytes) -> ExecResult:
+        """`docker load` of an image archive (what `docker save` writes)."""
+        path = "/tmp/.rollbox-docker-load.tar"
+        self._sb.fs.write_file(path, archive)
+        return self._sb.exec("docker", "load", "-i", path, timeout=600)
+
+
 class SandboxInstance:
     """A live sandbox. Also a context manager: leaving the block terminates it.
 
@@ -169,6 +198,7 @@ class SandboxInstance:
         self._client = client
         self._info = info
         self.fs = SandboxFileSystem(self)
+        self.docker = SandboxDocker(self)
         self.terminated = False
         # Set by exec results; SandboxPool reads them to classify an episode.
         self.saw_timeout = False

@@ -42,6 +42,9 @@ class CreateSandbox(BaseModel):
                                          "names the sandbox may reach; null: anywhere")
     entrypoint: bool | None = Field(None, description="start the image's Entrypoint+Cmd as the main process; "
                                     "null: when the image declares an Entrypoint")
+    gpu: str | None = Field(None, description="'any' or a GPU model ('H100', 'A100', ...): NVIDIA GPUs via nvproxy")
+    gpu_count: int = Field(1, ge=1, le=16)
+    docker_enabled: bool = Field(False, description="run a Docker daemon inside (image needs docker.io)")
 
 
 class BuildImage(BaseModel):
@@ -144,7 +147,8 @@ def create_app(service: SandboxService) -> FastAPI:
                                     keep_warm_seconds=body.keep_warm_seconds,
                                     volumes=[v.model_dump() for v in body.volumes], tags=body.tags,
                                     ports=body.ports, block_network=body.block_network, allow_list=body.allow_list,
-                                    entrypoint=body.entrypoint)
+                                    entrypoint=body.entrypoint, gpu=body.gpu, gpu_count=body.gpu_count,
+                                    docker_enabled=body.docker_enabled)
         return asdict(info)
 
     @app.post("/sandboxes/{sandbox_id}/ports")

