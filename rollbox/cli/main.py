@@ -310,6 +310,18 @@ def snapshot_rm(snapshot_ids: list[str]) -> None:
     _each(snapshot_ids, lambda i: _client().request("DELETE", f"/snapshots/{i}"))
 
 
+@demo_app.command("cartpole")
+def demo_cartpole(iterations: int = typer.Option(60, help="most policy updates"),
+                  episodes: int = typer.Option(20, help="rollouts per update"),
+                  concurrency: int = typer.Option(4, help="episodes at once"),
+                  lr: float = typer.Option(0.2, help="Adam step size"),
+                  out: str = typer.Option(".", help="directory for cartpole-learning-curve.png")) -> None:
+    """REINFORCE on CartPole: rollouts in sandboxes from a warm snapshot, the update as a
+    @function, trajectories and policies in a Volume. Ends with one JSON line."""
+    from ..demos.cartpole import run_demo
+    run_demo(iterations=iterations, episodes_per_iter=episodes, concurrency=concurrency, lr=lr, out_dir=out)
+
+
 @demo_app.command("humaneval")
 def demo_humaneval(concurrency: int = typer.Option(4, help="episodes at once"),
                    limit: Optional[int] = typer.Option(None, help="only the first N problems"),

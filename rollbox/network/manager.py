@@ -109,20 +109,30 @@ class NetworkManager:
                 return i
         raise errors.ResourceExhausted(f"all {MAX_SLOTS} network slots are in use: end some networked sandboxes")
 
-    async def _make(self) -> Slot:
+    async def _make(self, attempts: int = 3) -> Slot:
+        """A new slot. Retried: on a saturated host pyroute2's namespace helper process can
+        miss its reply deadline ("no response from the child")."""
         slot = self.layout.slot(self._next_index())
         self._creating.add(slot.index)
         try:
-            await asyncio.to_thread(create_slot, slot)
-            await asyncio.to_thread(firewall.nft, firewall.slot_rules(slot, None))
-        except BaseException as e:
-            await asyncio.to_thread(destroy_slot, slot)
-            if isinstance(e, (OSError, NetlinkError)):
-                raise errors.ResourceExhausted(f"preparing network slot {slot.index} failed: {e}") from e
-            raise
+            for attempt in range(attempts):
+                try:
+                    await asyncio.to_thread(create_slot, slot)
+                    await asyncio.to_thread(firewall.nft, firewall.slot_rules(slot, None))
+                    return slot
+                except (OSError, NetlinkError, errors.RollboxError) as e:
+                    await asyncio.to_thread(destroy_slot, slot)
+                    if attempt == attempts - 1:
+                        raise errors.ResourceExhausted(f"preparing network slot {slot.index} failed "
+                                                       f"{attempts} times: {e}") from e
+                    log.info("preparing network slot %d failed (%s); retrying", slot.index, e)
+                    await asyncio.sleep(0.2 * (attempt + 1))
+                except BaseException:
+                    await asyncio.to_thread(destroy_slot, slot)
+                    raise
         finally:
             self._creating.discard(slot.index)
-        return slot
+        raise AssertionError("unreachable")
 
     async def _destroy(self, slot: Slot) -> None:
         self._releasing.add(slot.index)

@@ -23,7 +23,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyroute2 import IPRoute, NetNS, netns
+from pyroute2 import IPRoute, NetNS, config as pyroute2_config, netns
 from pyroute2.netlink.exceptions import NetlinkError
 
 from ..errors import RuntimeMissing
@@ -40,6 +40,9 @@ NETNS_DIR = Path("/run/netns")
 UPLINK_SPACE = ipaddress.IPv4Network("100.64.0.0/10")
 BLOCK_PREFIXLEN = 18
 MAX_SLOTS = 1 << (32 - BLOCK_PREFIXLEN - 2)
+# pyroute2 runs namespace operations in a helper process and gives up on it after 2 s by
+# default; on a saturated 2-core host (64 sandboxes starting at once) that was too short.
+pyroute2_config.default_communicate_timeout = 30
 
 
 @dataclass(frozen=True)

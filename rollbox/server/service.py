@@ -454,10 +454,17 @@ class SandboxService:
         if docker_enabled:
             # gVisor's documented Docker-in-gVisor set-up: no bridge or iptables (containers use
             # the sandbox's network), the vfs storage driver (no overlayfs inside).
-            await self._agent(info.sandbox_id, "spawn", argv=["dockerd", "--iptables=false", "--ip6tables=false",
-                                                              "--bridge=none", "--storage-driver=vfs",
-                                                              "--data-root=/tmp/docker"],
-                              env={}, log="/var/log/rollbox-dockerd.log")
+            # The data root on the sandbox's /tmp (a tmpfs): on the gofer-backed root, `docker
+            # run` failed with "bad file descriptor" creating the container's layer.
+            try:
+                await self._agent(info.sandbox_id, "spawn", argv=["dockerd", "--iptables=false", "--ip6tables=false",
+                                                                  "--bridge=none", "--storage-driver=vfs",
+                                                                  "--data-root=/tmp/docker"],
+                                  env={}, log="/var/log/rollbox-dockerd.log")
+            except errors.InvalidArgument as e:
+                await self.terminate(info.sandbox_id, reason="docker did not start")
+                raise errors.InvalidArgument(f"docker_enabled: {e}; the image needs Docker, e.g. "
+                                             "Image.debian().apt_install('docker.io')", sandbox_id=info.sandbox_id) from None
             await self._wait_docker(info.sandbox_id)
         if main:
             try:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import pytest
 
 import rollbox
 from rollbox import Sandbox, Volume, function
+from rollbox.sdk.sandbox import default_client
 
 VOL = Volume(name=f"fn-{os.getpid()}", mount_path="/ckpt")
 
@@ -53,15 +55,69 @@ def test_function_writes_a_volume_a_sandbox_reads() -> None:
         VOL.delete()
 
 
-def test_errors_and_timeouts() -> None:
-    with pytest.raises(rollbox.FunctionError, match="bad input 4") as ei:
+class Unpicklable(Exception):
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        raise TypeError("not picklable")
+
+
+@function(memory=256, timeout=60)
+def boom_unpicklable(x: int) -> int:
+    raise Unpicklable(f"odd {x}")
+
+
+@function(memory=256, timeout=60)
+def fails_on_multiples_of_7(x: int) -> int:
+    if x % 7 == 0:
+        raise KeyError(f"multiple of 7: {x}")
+    return x + 1
+
+
+def test_remote_exception_keeps_its_type_and_traceback() -> None:
+    with pytest.raises(ValueError, match="bad input 4") as ei:
         boom.remote(4)
-    assert isinstance(ei.value.__cause__, ValueError) and "Traceback" in ei.value.remote_traceback
+    assert "Traceback" in ei.value.remote_traceback and "bad input 4" in ei.value.remote_traceback
+    assert any("remote traceback" in n for n in ei.value.__notes__)
+    with pytest.raises(rollbox.FunctionError, match="odd 3") as fe:
+        boom_unpicklable.remote(3)
+    assert "Traceback" in fe.value.remote_traceback
     out = list(boom.map([1, 2], return_exceptions=True))
-    assert all(isinstance(e, rollbox.FunctionError) for e in out)
+    assert [type(e) for e in out] == [ValueError, ValueError]
+
+
+def test_timeout_kills_the_sandbox_with_a_typed_error() -> None:
+    before = {s["sandbox_id"] for s in default_client().request("GET", "/sandboxes")}
     t = time.monotonic()
-    with pytest.raises(rollbox.SandboxTerminated, match="timeout"):
+    with pytest.raises(rollbox.FunctionTimeout, match="timeout"):
         forever.remote(1)
     assert time.monotonic() - t < 30
+    assert {s["sandbox_id"] for s in default_client().request("GET", "/sandboxes")} <= before
+
+
+def test_map_200_inputs_in_order_and_first_failure_cancels() -> None:
+    out = list(fails_on_multiples_of_7.map(range(200), max_concurrency=4, return_exceptions=True))
+    assert len(out) == 200
+    for x, r in enumerate(out):
+        if x % 7 == 0:
+            assert isinstance(r, KeyError) and str(x) in str(r)
+        else:
+            assert r == x + 1
+    with pytest.raises(KeyError):
+        list(fails_on_multiples_of_7.map(range(1, 60), max_concurrency=2))  # 7 fails early
+    live = [s for s in default_client().request("GET", "/sandboxes")
+            if s.get("tags", {}).get("rollbox.function") == "fails_on_multiples_of_7"]
+    assert live == []  # the rest were cancelled and nothing was left running
+
+
+def test_spawn_local_and_bad_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    call = square.spawn(9)
+    assert square.local(5) == 25
+    assert call.get(timeout=120) == 81 and call.done()
+    with pytest.raises(rollbox.ResourceUnavailable, match="no NVIDIA GPU"):
+        function(gpu="H100", memory=256)(lambda: 1).remote()
+    with pytest.raises(rollbox.ResourceUnavailable):
+        Sandbox(gpu="any", memory=256).create()
     with pytest.raises(rollbox.InvalidArgument):
-        function(gpu="H100")
+        function(timeout=-1)
+    monkeypatch.setattr(sys, "version_info", (3, 99, 0, "final", 0))
+    with pytest.raises(rollbox.InvalidArgument, match="same minor version"):
+        square.remote(2)

@@ -196,7 +196,7 @@ def test_docker_inside_a_sandbox(make_sandbox) -> None:
     sb = make_sandbox(image=img, docker_enabled=True, memory=2048)
     # An image loaded inside: a minimal rootfs with echo and its libraries, via `docker import`.
     r = sb.exec("sh", "-c", "tar -C / -c bin lib lib64 usr/bin/echo usr/lib/x86_64-linux-gnu/libc.so.6 "
-                "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 2>/dev/null | docker import - tiny:1", timeout=300)
+                "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 usr/lib64 2>/dev/null | docker import - tiny:1", timeout=300)
     assert r.exit_code == 0, r.stderr
     out = sb.docker.run("tiny:1", "/usr/bin/echo", "hello from a nested container", timeout=300)
     assert out.exit_code == 0, out.stderr
