@@ -317,13 +317,13 @@ class SandboxService:
                                       entropy=base64.b64encode(os.urandom(64)).decode())
             else:
                 await channel.request("identity", wait_s=BOOT_TIMEOUT_S, env=identity)
-            urls: dict[int, str] = {}
-            if slot is not None and net is not None and (snapshot is None or (resolved and resolved.hosts)):
-                # A restored copy has the files its source had (same policy); only pinned
-                # names are looked up again.
-                await self._write_net_files(channel, sandbox_id, resolved)
+            if slot is not None and net is not None:
+                if snapshot is None or (resolved is not None and resolved.hosts):
+                    # A restored copy has the files its source had (same policy); only pinned
+                    # names are looked up again.
+                    await self._write_net_files(channel, sandbox_id, resolved)
                 for port in net.ports:
-                    urls[port] = await self.net.ports.expose(sandbox_id, port, slot.uplink_ip, host_ports.get(port, 0))
+                    await self.net.ports.expose(sandbox_id, port, slot.uplink_ip, host_ports.get(port, 0))
             ttfc_ms = (time.monotonic() - t0) * 1000
         except BaseException as exc:
             channel.close("the sandbox failed to start")
