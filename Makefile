@@ -7,7 +7,7 @@ STAMPS := .stamps
 ROLLBOX_HOME ?= /var/lib/rollbox
 export ROLLBOX_HOME
 
-.PHONY: setup host venv base-image demo test test-unit test-system bench clean-state doctor typecheck
+.PHONY: setup host venv base-image demo test test-unit test-system bench bench-quick gpu-check clean-state doctor typecheck
 
 setup: host venv base-image
 
@@ -43,6 +43,13 @@ test-system: setup
 
 bench: setup
 	$(VENV)/bin/python -m bench.bench
+
+bench-quick: setup
+	$(VENV)/bin/python -m bench.bench --quick
+
+# On a machine with an NVIDIA GPU: nvidia-smi, a torch matmul and a GPU-memory snapshot in gVisor.
+gpu-check:
+	bash bench/gpu_check.sh
 
 typecheck: $(STAMPS)/venv
 	$(VENV)/bin/pip install -q mypy >/dev/null
