@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -246,7 +247,16 @@ def image_build(target: str = typer.Argument(..., help="FILE.py:NAME, NAME an Im
     path, _, name = target.rpartition(":")
     if not path or not name:
         raise typer.BadParameter("expected FILE.py:NAME")
-    ns = runpy.run_path(path)
+    file = os.path.abspath(path)
+    if not os.path.isfile(file):
+        raise typer.BadParameter(f"{path}: no such file")
+    # Relative paths in the file (add_local_file("policy.py", ...)) are the file's own.
+    cwd = os.getcwd()
+    os.chdir(os.path.dirname(file))
+    try:
+        ns = runpy.run_path(file)
+    finally:
+        os.chdir(cwd)
     img = ns.get(name)
     if not isinstance(img, Image):
         raise typer.BadParameter(f"{name} in {path} is not a rollbox Image")

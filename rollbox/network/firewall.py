@@ -5,6 +5,8 @@ Whatever a sandbox's policy, it never reaches: the host itself (any of its addre
 daemon and loopback services: the input chain drops new connections from uplinks), another
 sandbox (all of 100.64.0.0/10), link-local metadata (169.254.0.0/16), or anything over IPv6.
 Per-slot chains hold the allow list; a verdict map from uplink interface to chain selects it.
+Refused traffic is rejected (ICMP administratively prohibited), not dropped, so a blocked
+connection or DNS lookup fails at once instead of after the client's timeout.
 Rules go through `nft -f -` (one atomic transaction per change).
 """
 
@@ -52,13 +54,13 @@ def base_ruleset(layout: NetLayout, nameservers: list[str]) -> str:
   }}
   chain from_sandbox {{
     meta nfproto ipv6 drop
-    ip daddr @never drop
+    ip daddr @never reject with icmpx type admin-prohibited
     iifname vmap @egress
-    drop
+    reject with icmpx type admin-prohibited
   }}
   chain input {{ type filter hook input priority filter - 5; policy accept;
     iifname "{p}*" ct state established,related accept
-    iifname "{p}*" drop
+    iifname "{p}*" reject with icmpx type admin-prohibited
   }}
   chain postrouting {{ type nat hook postrouting priority srcnat; policy accept;
     ip saddr {layout.block} oifname != "{p}*" masquerade

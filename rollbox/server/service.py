@@ -364,7 +364,8 @@ class SandboxService:
         """/etc/hosts (localhost and the allow list's names pinned to the addresses
         the firewall allows) and, with outbound access, /etc/resolv.conf (the host's
         nameservers), as Docker manages both."""
-        lines = ["127.0.0.1\tlocalhost"]
+        # The host name resolves locally (servers such as http.server look it up at start).
+        lines = ["127.0.0.1\tlocalhost", f"127.0.1.1\t{sandbox_id}"]
         for name, addrs in (resolved.hosts if resolved else {}).items():
             lines += [f"{a}\t{name}" for a in addrs]
         files = {"/etc/hosts": "\n".join(lines) + "\n"}
