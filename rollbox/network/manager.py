@@ -145,11 +145,16 @@ class NetworkManager:
         finally:
             self._releasing.discard(slot.index)
 
-    async def acquire(self, policy: NetworkPolicy) -> tuple[Slot, ResolvedPolicy]:
+    async def acquire(self, policy: NetworkPolicy, strict: bool = True) -> tuple[Slot, ResolvedPolicy]:
         """A ready slot with `policy` applied. Raises InvalidArgument (a name that does not
-        resolve), RuntimeMissing (nft/iproute2 absent), ResourceExhausted."""
+        resolve; with strict=False, for restores and resumes, such a policy blocks outbound
+        traffic instead, so a paused sandbox can always come back), RuntimeMissing (nft or
+        iproute2 absent), ResourceExhausted."""
         self._last_demand = time.monotonic()
-        resolved = await asyncio.to_thread(resolve, policy)
+        if strict:
+            resolved = await asyncio.to_thread(resolve, policy)
+        else:
+            resolved = await self._resolve_quiet(policy) or ResolvedPolicy(NetworkPolicy())
         await self._ensure_started()
         slot = self._ready.pop() if self._ready else await self._make()
         self._in_use[slot.index] = resolved

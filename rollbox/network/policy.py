@@ -23,6 +23,9 @@ def check_port(port: object) -> int:
     return port
 
 
+MAX_PORTS = 64  # exposed ports per sandbox: each is a listener (a file descriptor) in the daemon
+
+
 def check_ports(ports: object) -> tuple[int, ...]:
     if ports is None:
         return ()
@@ -33,7 +36,17 @@ def check_ports(ports: object) -> tuple[int, ...]:
         p = check_port(p)
         if p not in out:
             out.append(p)
+        if len(out) > MAX_PORTS:
+            raise InvalidArgument(f"at most {MAX_PORTS} exposed ports per sandbox")
     return tuple(out)
+
+
+def _is_cidr(entry: str) -> bool:
+    try:
+        ipaddress.ip_network(entry, strict=False)
+        return True
+    except ValueError:
+        return False
 
 
 def _is_hostname(name: str) -> bool:
@@ -74,9 +87,9 @@ class NetworkPolicy:
             try:
                 net = ipaddress.ip_network(e, strict=False)
             except ValueError:
-                if "/" in e or ":" in e or re.fullmatch(r"[0-9.]+", e):
+                if "/" in e or ":" in e or re.fullmatch(r"[0-9.]+", e) or re.fullmatch(r"0[xX][0-9a-fA-F]+", e):
                     raise InvalidArgument(f"allow_list entry {e!r} is not a valid CIDR (e.g. '10.0.0.0/8')") from None
-                if not _is_hostname(e):
+                if not _is_hostname(e) or "-" in e.split(".")[-1] and e.split(".")[-1][0].isdigit():
                     raise InvalidArgument(f"allow_list entry {e!r} is neither a CIDR nor a valid host name") from None
                 e = e.rstrip(".").lower()
             else:
@@ -89,11 +102,11 @@ class NetworkPolicy:
 
     @property
     def cidrs(self) -> list[str]:
-        return [e for e in self.allow_list or () if e[0].isdigit()]
+        return [e for e in self.allow_list or () if _is_cidr(e)]
 
     @property
     def names(self) -> list[str]:
-        return [e for e in self.allow_list or () if not e[0].isdigit()]
+        return [e for e in self.allow_list or () if not _is_cidr(e)]
 
     def to_wire(self) -> dict[str, object]:
         return {"block_network": self.block_network,

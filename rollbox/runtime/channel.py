@@ -146,8 +146,11 @@ class AgentChannel:
     def _send(self, msg: dict[str, Any]) -> None:
         assert self._loop is not None
         data = json.dumps(msg, separators=(",", ":")).encode()
+        # Requests are authenticated too: root in the sandbox can open the agent's stdin
+        # (/proc/1/fd/0), so an unsigned request could be swapped for a forged one.
+        mac = hmac.new(self.key, data, hashlib.sha256).digest()
         was_empty = not self._wbuf
-        self._wbuf += _HDR.pack(len(data)) + data
+        self._wbuf += _HDR.pack(len(mac) + len(data)) + mac + data
         if was_empty:
             self._on_writable()
             if self._wbuf and self._in_fd >= 0:

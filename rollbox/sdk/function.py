@@ -189,7 +189,7 @@ class Function(Generic[R]):
                 exc = cloudpickle.loads(pickled)
             except Exception:  # noqa: BLE001 - its class does not exist here
                 exc = None
-        if isinstance(exc, BaseException):
+        if isinstance(exc, Exception):
             # The remote exception itself, so `except ValueError:` works; the traceback text
             # from the sandbox rides along as a note and an attribute.
             exc.add_note(f"remote traceback (function {self.fn.__qualname__} in sandbox {sb.sandbox_id}):\n{tb}")
@@ -258,9 +258,14 @@ class Function(Generic[R]):
                     if res.status == "ok" and res.value["ok"]:
                         yield res.value["v"]
                         continue
-                    err: BaseException = (res.value["e"] if res.status == "ok" else
-                                          errors.RollboxError(f"call {res.index} ended with status {res.status}: "
-                                                              f"{res.error}"))
+                    err: BaseException
+                    if res.status == "ok":
+                        err = res.value["e"]
+                    elif res.status == "timeout":
+                        err = errors.FunctionTimeout(f"call {res.index} of {self.fn.__qualname__} ran past its "
+                                                     f"timeout ({self.spec.timeout} s); its sandbox was killed")
+                    else:
+                        err = errors.RollboxError(f"call {res.index} ended with status {res.status}: {res.error}")
                     if not return_exceptions:
                         raise err
                     yield err

@@ -77,6 +77,7 @@ class SandboxPool:
         self.warm = warm
         self.warm_idle_seconds = warm_idle_seconds
         self._warm_set = False
+        self._aborted = False
 
     def __enter__(self) -> "SandboxPool":
         return self
@@ -90,6 +91,17 @@ class SandboxPool:
             self._client.request("PUT", f"/snapshots/{self.snapshot_id}/warm",
                                  json={"count": self.warm, "idle_seconds": self.warm_idle_seconds})
             self._warm_set = True
+
+    def _terminate_live(self) -> None:
+        try:
+            for info in self._client.request("GET", "/sandboxes"):
+                if isinstance(info, dict) and info.get("tags", {}).get("rollbox.pool") == self.pool_id:
+                    try:
+                        self._client.request("DELETE", f"/sandboxes/{info['sandbox_id']}")
+                    except errors.RollboxError:
+                        pass
+        except errors.RollboxError:
+            pass
 
     def close(self) -> None:
         """Waits for teardowns in flight, then terminates any sandbox of this pool still alive."""
@@ -176,7 +188,7 @@ class SandboxPool:
         while True:
             attempts += 1
             status, value, err, sb, ttfc, retryable = self._attempt(fn, task, timeout)
-            if status == "infra_error" and retryable and attempts <= retries:
+            if status == "infra_error" and retryable and attempts <= retries and not self._aborted:
                 continue
             if status == "ok":
                 reward = reward_of(value)
@@ -238,8 +250,13 @@ class SandboxPool:
                             yield pending.pop(next_i)
                             next_i += 1
                 except BaseException:
+                    # Stopped early (the caller broke out or raised): cancel what has not
+                    # started and end the sandboxes of episodes in flight, so their calls fail
+                    # at once instead of running to their timeout.
+                    self._aborted = True
                     for f in futs:
                         f.cancel()
+                    self._terminate_live()
                     raise
         finally:
             if bar is not None:

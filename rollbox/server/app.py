@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
 from .. import __version__, errors
 from .service import SandboxService
@@ -36,10 +36,10 @@ class CreateSandbox(BaseModel):
                                            allow_inf_nan=False)
     volumes: list[VolumeMount] = Field(default_factory=list)
     tags: dict[str, str] = Field(default_factory=dict, description="labels for usage accounting")
-    ports: list[int] = Field(default_factory=list, description="TCP ports in the sandbox to expose on the host")
-    block_network: bool = Field(True, description="block all outbound traffic (the default)")
-    allow_list: list[str] | None = Field(None, description="with block_network=false: the only CIDRs and host "
-                                         "names the sandbox may reach; null: anywhere")
+    ports: list[StrictInt] = Field(default_factory=list, description="TCP ports in the sandbox to expose on the host")
+    block_network: StrictBool = Field(True, description="block all outbound traffic (the default)")
+    allow_list: list[StrictStr] | None = Field(None, description="with block_network=false: the only CIDRs and host "
+                                               "names the sandbox may reach; null: anywhere")
     entrypoint: bool | None = Field(None, description="start the image's Entrypoint+Cmd as the main process; "
                                     "null: when the image declares an Entrypoint")
     gpu: str | None = Field(None, description="'any' or a GPU model ('H100', 'A100', ...): NVIDIA GPUs via nvproxy")
@@ -55,12 +55,12 @@ class BuildImage(BaseModel):
 
 
 class ExposePort(BaseModel):
-    port: int = Field(description="TCP port in the sandbox, 1..65535")
+    port: StrictInt = Field(description="TCP port in the sandbox, 1..65535")
 
 
 class NetworkPermissions(BaseModel):
-    block_network: bool = True
-    allow_list: list[str] | None = None
+    block_network: StrictBool = True
+    allow_list: list[StrictStr] | None = None
 
 
 class RestoreSnapshot(BaseModel):

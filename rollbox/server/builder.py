@@ -68,17 +68,22 @@ def check_step(step: dict[str, Any]) -> dict[str, Any]:
             raise errors.InvalidArgument("a run step needs a non-empty list of non-empty shell commands")
     elif kind == "env":
         env = step.get("env")
-        if not isinstance(env, dict) or not all(isinstance(k, str) and k and "=" not in k and isinstance(v, str)
-                                                for k, v in env.items()):
-            raise errors.InvalidArgument("an env step needs {NAME: value} strings (no '=' in names)")
+        if not isinstance(env, dict) or not all(isinstance(k, str) and k and "=" not in k and "\0" not in k
+                                                and isinstance(v, str) and "\0" not in v for k, v in env.items()):
+            raise errors.InvalidArgument("an env step needs {NAME: value} strings (no '=' in names, no NUL bytes)")
     else:
         path = step.get("path")
         if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
             raise errors.InvalidArgument(f"build step path {path!r} must be an absolute path in the image")
         if ".." in Path(path).parts:
             raise errors.InvalidArgument(f"build step path {path!r} must not contain '..'")
+        if len(path) > 4000 or path.rstrip("/") == "":
+            raise errors.InvalidArgument(f"build step path {path[:80]!r} must name something below / (< 4000 characters)")
         if kind == "file" and not isinstance(step.get("data"), str):
             raise errors.InvalidArgument("a file step needs base64 `data`")
+        mode = step.get("mode", 0o644)
+        if kind == "file" and (isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777):
+            raise errors.InvalidArgument(f"file step mode {mode!r} must be an integer permission in 0..0o7777")
         if kind == "dir" and not isinstance(step.get("tar"), str):
             raise errors.InvalidArgument("a dir step needs a base64 `tar`")
     return step
@@ -102,6 +107,65 @@ def step_image_id(parent_id: str, step: dict[str, Any]) -> str:
 
 def _inside(root: Path, path: str) -> Path:
     return root / path.lstrip("/")
+
+
+def _no_symlink(root: Path, rel: str) -> Path | None:
+    """root/rel when no component of it is a symlink (so an operation on it stays in the
+    layer), else None."""
+    p = root
+    for part in Path(rel).parts:
+        p = p / part
+        if p.is_symlink():
+            return None
+    return p
+
+
+def _lookup(lowers: list[Path], rel: str) -> Path | None:
+    """The topmost layer's entry for `rel` (None when absent or whited out)."""
+    for layer in lowers:
+        p = layer / rel
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        if stat_is_whiteout(st):
+            return None
+        return p
+    return None
+
+
+def stat_is_whiteout(st: os.stat_result) -> bool:
+    import stat as _stat
+    return _stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+
+
+def resolve_in_image(lowers: list[Path], path: str) -> str:
+    """`path` with the image's symlinked parent directories followed (Debian's /bin ->
+    usr/bin, /lib -> usr/lib), as Docker does: writing /bin/tool into a layer must not create a
+    real /bin that hides the image's. Links are resolved inside the image, never on the host."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts:
+        raise errors.InvalidArgument(f"build step path {path!r} names the root directory")
+    out: list[str] = []
+    hops = 0
+    rest = parts[:-1]
+    while rest:
+        comp, rest = rest[0], rest[1:]
+        if comp == "..":
+            out = out[:-1]
+            continue
+        hit = _lookup(lowers, "/".join([*out, comp]))
+        if hit is not None and hit.is_symlink():
+            hops += 1
+            if hops > 40:
+                raise errors.InvalidArgument(f"build step path {path!r}: too many symbolic links in the image")
+            target = os.readlink(hit)
+            if target.startswith("/"):
+                out = []
+            rest = [p for p in target.split("/") if p not in ("", ".")] + rest
+            continue
+        out.append(comp)
+    return "/" + "/".join([*out, parts[-1]])
 
 
 def _write_file(root: Path, step: dict[str, Any]) -> None:
@@ -165,6 +229,8 @@ class Builder:
                 await self._run(parent, config, step, rootfs)
             else:
                 rootfs.mkdir()
+                if kind in ("workdir", "file", "dir"):
+                    step = {**step, "path": resolve_in_image(store.layers(parent), step["path"])}
                 if kind == "env":
                     env = {**config.env_dict(), **step["env"]}
                     config = replace(config, env=[f"{k}={v}" for k, v in env.items()])
@@ -205,8 +271,9 @@ class Builder:
             upper = svc.sandbox_dir(sid) / "upper"
             await asyncio.to_thread(copy_tree, upper, rootfs)
             for rel in MANAGED_FILES:
-                p = rootfs / rel
-                if p.is_file() and not p.is_symlink():
+                # Never through a symlink the step made (`ln -s /etc /etc` would point at the host's).
+                p = _no_symlink(rootfs, rel)
+                if p is not None and p.is_file():
                     p.unlink()
         finally:
             await svc.terminate(sid, reason="build step done")

@@ -268,7 +268,7 @@ class SandboxService:
         resolved: ResolvedPolicy | None = None
         try:
             if net is not None:
-                slot, resolved = await self.net.acquire(net.policy)
+                slot, resolved = await self.net.acquire(net.policy, strict=snapshot is None)
                 self._slots[sandbox_id] = slot
             if snapshot is not None:
                 await asyncio.to_thread(copy_tree, self.snapshots.upper_dir(snapshot.snapshot_id), d / "upper")
@@ -395,9 +395,11 @@ class SandboxService:
         return url
 
     def list_urls(self, sandbox_id: str) -> dict[int, str]:
+        """The exposed URLs of a running sandbox; none while it is paused or after it ended."""
         if sandbox_id in self.live:
             return self.net.ports.urls(sandbox_id)
-        return {int(p): u for p, u in self.info(sandbox_id).urls.items()}
+        self.info(sandbox_id)  # SandboxNotFound
+        return {}
 
     async def update_network_permissions(self, sandbox_id: str, block_network: bool,
                                          allow_list: list[str] | None) -> SandboxInfo:
@@ -438,6 +440,8 @@ class SandboxService:
         if entrypoint and not main:
             raise errors.InvalidArgument(f"image {image_id} declares no Entrypoint or Cmd to start")
         env = {**cfg.env_dict(), **(env or {})}
+        if gpu is not None and (not isinstance(gpu, str) or not gpu.strip()):
+            raise errors.InvalidArgument(f"gpu={gpu!r} must be 'any' or a GPU model such as 'H100', or None")
         gpus = select_gpus(gpu, gpu_count) if gpu else []  # ResourceUnavailable without one
         if gpus:
             env.setdefault("NVIDIA_VISIBLE_DEVICES", ",".join(str(g.index) for g in gpus))

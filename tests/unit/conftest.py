@@ -126,7 +126,9 @@ class AgentProcess:
         data = json.dumps({"id": rid, "op": op, **fields}).encode()
         assert self.proc.stdin is not None
         with self._lock:
-            self.proc.stdin.write(_HDR.pack(len(data)) + data)
+            # Requests are signed like replies (empty key on the host: no key file).
+            mac = hmac.new(b"", data, hashlib.sha256).digest()
+            self.proc.stdin.write(_HDR.pack(len(mac) + len(data)) + mac + data)
             self.proc.stdin.flush()
         return rid
 

@@ -13,14 +13,14 @@ def test_ready_frame(agent):
     assert r["event"] == "ready"
     assert r["ok"] is True
     assert r["pid"] == agent.pid
-    assert r["protocol"] == 1
+    assert r["protocol"] == 2
 
 
 def test_ping(agent):
     r = agent.request("ping")
     assert r["ok"] is True
     assert r["pid"] == agent.pid
-    assert r["protocol"] == 1
+    assert r["protocol"] == 2
     assert abs(r["time"] - time.time()) < 60
 
 
@@ -287,3 +287,19 @@ def test_agent_hmac_matches_stdlib():
     for key in (b"", b"k", bytes(range(32)), b"x" * 100):
         for data in (b"", b"{}", b"y" * 10_000):
             assert A.hmac_sha256(key, data) == std_hmac.new(key, data, hashlib.sha256).digest()
+
+
+def test_unsigned_or_forged_requests_are_ignored(agent) -> None:  # type: ignore[no-untyped-def]
+    import hashlib
+    import hmac
+    import json
+    import struct
+    # What a process in the sandbox could write into /proc/1/fd/0: a well-formed request
+    # without the key's MAC. The agent must not act on it.
+    forged = json.dumps({"id": 777, "op": "exec", "argv": ["sh", "-c", "echo FORGED"]}).encode()
+    bad_mac = hmac.new(b"wrong key", forged, hashlib.sha256).digest()
+    agent.proc.stdin.write(struct.pack(">I", len(bad_mac) + len(forged)) + bad_mac + forged)
+    agent.proc.stdin.flush()
+    rid = agent.send("ping")
+    assert agent.wait_reply(rid)["ok"]
+    assert 777 not in agent._replies

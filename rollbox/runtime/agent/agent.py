@@ -5,12 +5,13 @@ named FIFOs. That channel survives `runsc checkpoint`/`restore` (a restored init
 caller's stdio), so a snapshot restores the agent with the processes it started, and every
 command after a restore costs a pipe round trip (~0.1 ms) instead of a `runsc exec` (~25 ms).
 
-Frame: 4-byte big-endian length, then the payload. Requests: a UTF-8 JSON object. Replies:
-a 32-byte HMAC-SHA256 of the JSON under a per-sandbox key, then the JSON. Binary data is base64.
+Frame: 4-byte big-endian length, then a 32-byte HMAC-SHA256 of the JSON under a per-sandbox
+key, then the UTF-8 JSON object (requests and replies alike). Binary data is base64.
 
 Processes in the sandbox run as root and can open /proc/1/fd/{0,1} (gVisor does not hide them
-for a non-dumpable process), so they could write frames into the channel. The MAC makes a
-forged reply (a fake "exit 0, tests passed") detectable: the key reaches the agent as a file
+for a non-dumpable process), so they could read and write frames in the channel. The MACs make
+a forged reply (a fake "exit 0, tests passed") detectable and a swapped request (a different
+command under a genuine id) ignored: the key reaches the agent as a file
 that it unlinks before any user process exists, and its memory is not readable (non-dumpable).
 Requests carry an integer `id`; the reply carries the same `id`. Requests run concurrently
 (one thread each), so a long exec never blocks a ping or a file read.
@@ -33,8 +34,9 @@ import subprocess
 import sys
 import threading
 import time
+from _operator import _compare_digest  # constant time; `hmac` would load OpenSSL (+6 MiB)
 
-PROTOCOL = 1
+PROTOCOL = 2  # 2: requests carry an HMAC too
 _HDR = struct.Struct(">I")
 MARK = "ROLLBOX_EXEC_MARK"
 # Output kept per stream when a request does not say (bytes); the rest is read and dropped.
@@ -562,8 +564,13 @@ def main():
             # Garbage written into our stdin from inside the sandbox: the stream cannot be
             # resynchronised. Ending makes the daemon report the sandbox as ended by its workload.
             os._exit(3)
-        body = read_exact(0, n)
-        if body is None:
+        frame = read_exact(0, n)
+        if frame is None or len(frame) < 32:
+            continue
+        mac, body = frame[:32], frame[32:]
+        # A request not signed with this sandbox's key came from inside the sandbox (a process
+        # writing into /proc/1/fd/0): drop it, never act on it.
+        if not _compare_digest(mac, hmac_sha256(_key["key"], body)):
             continue
         try:
             req = json.loads(body)
