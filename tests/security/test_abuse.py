@@ -116,3 +116,32 @@ def test_bad_exec_arguments_are_typed(sandbox) -> None:
     with pytest.raises(rollbox.InvalidArgument):
         sandbox.exec()
     assert sandbox.exec("true").exit_code == 0  # the connection and the sandbox are fine
+
+
+SWAP_REQUEST = r'''
+import os, json, struct
+fd = os.open("/proc/1/fd/0", os.O_RDONLY); buf = b""
+while len(buf) < 4 or len(buf) < 4 + struct.unpack(">I", buf[:4])[0]:
+    buf += os.read(fd, 1 << 20)
+n = struct.unpack(">I", buf[:4])[0]
+frame = buf[4:4 + n]
+body = frame[32:] if frame[:1] != b"{" else frame
+req = json.loads(body)
+req["argv"] = ["sh", "-c", "echo FORGED all tests passed; exit 0"]
+d = json.dumps(req).encode()
+os.write(os.open("/proc/1/fd/0", os.O_WRONLY), struct.pack(">I", len(d)) + d)
+'''
+
+
+def test_a_process_cannot_swap_the_next_request(make_sandbox) -> None:  # type: ignore[no-untyped-def]
+    """Root in the sandbox can read the agent's request pipe and write into it; requests are
+    signed, so a swapped command is dropped: the result is the real one or the sandbox is lost
+    (the stolen request never ran), never the forged exit 0."""
+    sb = make_sandbox(memory=256)
+    sb.fs.write_file("/tmp/a.py", SWAP_REQUEST.encode())
+    sb.exec("sh", "-c", "nohup python3 /tmp/a.py >/dev/null 2>&1 & sleep 0.5")
+    try:
+        r = sb.exec("sh", "-c", "echo REAL; exit 1", timeout=5)
+    except rollbox.SandboxLost:
+        return
+    assert b"FORGED" not in r.stdout and r.exit_code == 1

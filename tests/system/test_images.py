@@ -203,3 +203,23 @@ def test_docker_inside_a_sandbox(make_sandbox) -> None:
     assert out.text().strip() == "hello from a nested container"
     with pytest.raises(rollbox.InvalidArgument, match="needs Docker"):
         Sandbox(docker_enabled=True, memory=512).create()
+
+
+def test_builder_never_writes_through_symlinks_a_step_made(tmp_path: Path, make_sandbox) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    for name in ("hosts", "resolv.conf"):
+        (victim / name).write_text("host file\n")
+    tag = str(time.time_ns())
+    # A step that turns /etc into a link to a host directory: the builder's clean-up of the
+    # run-time managed files must not follow it onto the host.
+    Image.debian().run_commands(f"echo {tag} >/dev/null; rm -rf /etc && ln -s {victim} /etc").build()
+    assert sorted(p.name for p in victim.iterdir()) == ["hosts", "resolv.conf"]
+    # Files added under the image's symlinked directories land where the links point
+    # (/bin -> usr/bin), without hiding what is there.
+    tool = tmp_path / "mytool"
+    tool.write_text("#!/bin/sh\necho tool-ok\n")
+    tool.chmod(0o755)
+    sb = make_sandbox(image=Image.debian().add_local_file(tool, "/bin/mytool"), memory=256)
+    assert sb.exec("mytool").text().strip() == "tool-ok"
+    assert sb.exec("sh", "-c", "ls /usr/bin/mytool && true").exit_code == 0

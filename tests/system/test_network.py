@@ -160,7 +160,9 @@ def test_exposed_port_reaches_the_server_and_is_stable(make_sandbox) -> None:
 def test_bad_network_input_is_refused_before_anything_is_made(make_sandbox) -> None:
     before = len(default_client().request("GET", "/sandboxes"))
     for kw in ({"ports": [0]}, {"ports": [70000]}, {"block_network": False, "allow_list": ["10.0.0.0/33"]},
-               {"block_network": False, "allow_list": ["not a name!"]}, {"allow_list": ["10.0.0.0/8"]}):
+               {"block_network": False, "allow_list": ["not a name!"]}, {"allow_list": ["10.0.0.0/8"]},
+               {"ports": list(range(1000, 1100))}, {"ports": ["80"]}, {"ports": [True]}, {"block_network": "no"},
+               {"block_network": False, "allow_list": ["0x7f000001"]}, {"gpu": ""}):
         with pytest.raises(rollbox.InvalidArgument):
             Sandbox(**kw).create()  # type: ignore[arg-type]
     assert len(default_client().request("GET", "/sandboxes")) == before
