@@ -93,6 +93,7 @@ class SandboxPool:
             self._warm_set = True
 
     def _terminate_live(self) -> None:
+        """Terminates every sandbox of this pool that is still alive (errors ignored)."""
         try:
             for info in self._client.request("GET", "/sandboxes"):
                 if isinstance(info, dict) and info.get("tags", {}).get("rollbox.pool") == self.pool_id:
@@ -112,15 +113,7 @@ class SandboxPool:
             except errors.RollboxError:
                 pass
             self._warm_set = False
-        try:
-            for info in self._client.request("GET", "/sandboxes"):
-                if isinstance(info, dict) and info.get("tags", {}).get("rollbox.pool") == self.pool_id:
-                    try:
-                        self._client.request("DELETE", f"/sandboxes/{info['sandbox_id']}")
-                    except errors.RollboxError:
-                        pass
-        except errors.RollboxError:
-            pass
+        self._terminate_live()
 
     def _terminate_later(self, sb: SandboxInstance) -> None:
         def go() -> None:

@@ -26,7 +26,7 @@ import io
 import json
 import logging
 import os
-import shlex
+import stat
 import tarfile
 import time
 from dataclasses import asdict, dataclass, replace
@@ -128,15 +128,10 @@ def _lookup(lowers: list[Path], rel: str) -> Path | None:
             st = os.lstat(p)
         except OSError:
             continue
-        if stat_is_whiteout(st):
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # an overlayfs whiteout
             return None
         return p
     return None
-
-
-def stat_is_whiteout(st: os.stat_result) -> bool:
-    import stat as _stat
-    return _stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
 
 
 def resolve_in_image(lowers: list[Path], path: str) -> str:
@@ -278,6 +273,3 @@ class Builder:
         finally:
             await svc.terminate(sid, reason="build step done")
 
-
-def shell_join(argv: list[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)
