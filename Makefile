@@ -7,7 +7,7 @@ STAMPS := .stamps
 ROLLBOX_HOME ?= /var/lib/rollbox
 export ROLLBOX_HOME
 
-.PHONY: setup host venv base-image demo test test-unit test-system bench bench-quick gpu-check clean-state doctor typecheck
+.PHONY: setup host venv base-image demo test test-unit test-system bench bench-quick soak gpu-check clean-state doctor typecheck
 
 setup: host venv base-image
 
@@ -46,6 +46,10 @@ bench: setup
 
 bench-quick: setup
 	$(VENV)/bin/python -m bench.bench --quick
+
+# 2,000 create -> exec -> terminate cycles at concurrency 16; prints what is left (must be 0).
+soak: setup
+	$(VENV)/bin/python -m bench.soak --cycles $${ROLLBOX_SOAK_CYCLES:-2000} --concurrency 16
 
 # On a machine with an NVIDIA GPU: nvidia-smi, a torch matmul and a GPU-memory snapshot in gVisor.
 gpu-check:

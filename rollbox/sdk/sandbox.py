@@ -64,6 +64,11 @@ class Sandbox:
             process (output in /tmp/.rollbox-entrypoint.log). None (default): when the image
             declares an Entrypoint. Commands run with the image's Env, WorkingDir and User.
 
+        disk: cap on the sandbox's writable layer in MiB (default 4096): writing past it
+            fails with ENOSPC inside the sandbox and never fills the host disk. The layer is a
+            tmpfs (this host kernel has no filesystem quotas), so what a sandbox writes is
+            memory on the host; None: no cap, files go to the host disk under ROLLBOX_HOME.
+
         gpu: None, "any" or a model ("H100", "A100", ...): `gpu_count` NVIDIA GPUs through
             gVisor's nvproxy. On a machine without a matching GPU, create() raises
             ResourceUnavailable (never a silent CPU run).
@@ -87,6 +92,7 @@ class Sandbox:
     gpu: str | None = None
     gpu_count: int = 1
     docker_enabled: bool = False
+    disk: int | None = 4096
     client: Client | None = field(default=None, compare=False, repr=False)
 
     def _client(self) -> Client:
@@ -112,7 +118,7 @@ class Sandbox:
             "tags": self.tags, "ports": list(self.ports), "block_network": self.block_network,
             "allow_list": None if self.allow_list is None else list(self.allow_list),
             "entrypoint": self.entrypoint, "gpu": self.gpu, "gpu_count": self.gpu_count,
-            "docker_enabled": self.docker_enabled}))
+            "docker_enabled": self.docker_enabled, "disk": self.disk}))
         return SandboxInstance(info.sandbox_id, c, info)
 
     @synchronized

@@ -45,6 +45,8 @@ class CreateSandbox(BaseModel):
     gpu: str | None = Field(None, description="'any' or a GPU model ('H100', 'A100', ...): NVIDIA GPUs via nvproxy")
     gpu_count: int = Field(1, ge=1, le=16)
     docker_enabled: bool = Field(False, description="run a Docker daemon inside (image needs docker.io)")
+    disk: StrictInt | None = Field(None, description="cap on the sandbox's writable layer, MiB (writes past it fail "
+                                   "with ENOSPC inside); null: no cap")
 
 
 class BuildImage(BaseModel):
@@ -148,6 +150,7 @@ def create_app(service: SandboxService) -> FastAPI:
                                     volumes=[v.model_dump() for v in body.volumes], tags=body.tags,
                                     ports=body.ports, block_network=body.block_network, allow_list=body.allow_list,
                                     entrypoint=body.entrypoint, gpu=body.gpu, gpu_count=body.gpu_count,
+                                    disk_mib=body.disk,
                                     docker_enabled=body.docker_enabled)
         return asdict(info)
 

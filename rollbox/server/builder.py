@@ -263,7 +263,7 @@ class Builder:
                     why = "timed out" if r.get("timed_out") else f"exited {r.get('exit_code')}"
                     raise errors.ImageBuildError(f"build step `{cmd}` on {parent} {why}:\n"
                                           f"{out.decode(errors='replace')[-3000:]}")
-            upper = svc.sandbox_dir(sid) / "upper"
+            upper = svc.upper_dir(sid)
             await asyncio.to_thread(copy_tree, upper, rootfs)
             for rel in MANAGED_FILES:
                 # Never through a symlink the step made (`ln -s /etc /etc` would point at the host's).

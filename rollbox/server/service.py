@@ -35,7 +35,7 @@ from ..runtime.bundle import BundleSpec, write_bundle
 from ..runtime.gpu import Gpu, oci_devices as gpu_devices, select as select_gpus
 from ..runtime.channel import AgentChannel, AgentError, make_fifos, open_for_sandbox
 from ..runtime.reaper import Reaper
-from ..runtime.rootfs import copy_tree, disk_free_bytes, mount_overlay, remove_tree, unmount
+from ..runtime.rootfs import copy_tree, disk_free_bytes, mount_disk, mount_overlay, remove_tree, unmount
 from ..runtime.runsc import Runsc, runsc_processes
 from ..snapshots.store import SnapshotMeta, SnapshotStore, new_snapshot_id
 from ..types import SandboxInfo
@@ -50,6 +50,9 @@ log = logging.getLogger("rollbox.service")
 DEFAULT_MAX_OUTPUT = 8 * 1024 * 1024
 BOOT_TIMEOUT_S = 60.0
 MIN_FREE_DISK = 256 * 1024 * 1024
+# The writable layer's cap (`disk`, MiB): at least room for the agent's files, at most 1 TiB.
+MIN_DISK_MIB = 16
+MAX_DISK_MIB = 1 << 20
 AGENT_ERRORS: dict[str, type[errors.RollboxError]] = {
     "not_found": errors.FileNotFoundInSandbox,
     "is_a_directory": errors.InvalidArgument,
@@ -105,6 +108,14 @@ def check_limits(cpu: float, memory_mib: int) -> None:
         raise errors.InvalidArgument(f"memory={memory_mib} MiB is more than this host has ({host_mib} MiB)")
 
 
+def check_disk(disk_mib: int | None) -> None:
+    if disk_mib is None:
+        return
+    if isinstance(disk_mib, bool) or not isinstance(disk_mib, int) or not (MIN_DISK_MIB <= disk_mib <= MAX_DISK_MIB):
+        raise errors.InvalidArgument(f"disk={disk_mib!r} MiB is out of range: give an int in "
+                                     f"[{MIN_DISK_MIB}, {MAX_DISK_MIB}], or None for no cap")
+
+
 def check_env(env: dict[str, str]) -> None:
     for k, v in env.items():
         if not k or "=" in k or "\0" in k or "\0" in v:
@@ -141,6 +152,7 @@ class Live:
     # From the image's config: the default working directory and user of commands.
     workdir: str | None = None
     user: str | None = None
+    disk_mib: int | None = None
 
 
 class SandboxService:
@@ -172,6 +184,10 @@ class SandboxService:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---- helpers -------------------------------------------------------------------------
+
+    def upper_dir(self, sandbox_id: str) -> Path:
+        """The sandbox's writable layer: everything it wrote (on a capped tmpfs with `disk`)."""
+        return self.sandbox_dir(sandbox_id) / "disk" / "upper"
 
     def sandbox_dir(self, sandbox_id: str) -> Path:
         return self.paths.sandboxes / sandbox_id
@@ -230,11 +246,13 @@ class SandboxService:
                     volumes: list[dict[str, str]] | None = None, tags: dict[str, str] | None = None,
                     resume: bool = False, net: NetworkSpec | None = None,
                     host_ports: dict[int, int] | None = None, gpus: list[Gpu] | None = None,
-                    privileged: bool = False) -> SandboxInfo:
+                    privileged: bool = False, disk_mib: int | None = None) -> SandboxInfo:
         t0 = time.monotonic()
         check_limits(cpu, memory_mib)
         check_env(env)
+        check_disk(disk_mib)
         if snapshot is not None:
+            disk_mib = snapshot.disk_mib  # the captured files must fit the same cap
             volumes = snapshot.volumes  # a restore must mount exactly what was captured
             # ... and have the network it captured (its netstack expects the interface).
             net = NetworkSpec.from_wire(snapshot.network)
@@ -247,14 +265,14 @@ class SandboxService:
                                          env=env, keep_warm_seconds=keep_warm_seconds, snapshot=snapshot,
                                          fork_index=fork_index, volumes=volumes, tags=tags, resume=resume,
                                          binds=binds, t0=t0, net=net, host_ports=host_ports or {},
-                                         gpus=gpus or [], privileged=privileged)
+                                         gpus=gpus or [], privileged=privileged, disk_mib=disk_mib)
 
     async def _start(self, *, sandbox_id: str, image_id: str, cpu: float, memory_mib: int,
                          env: dict[str, str], keep_warm_seconds: float | None, snapshot: SnapshotMeta | None,
                          fork_index: int | None, volumes: list[dict[str, str]], tags: dict[str, str] | None,
                          resume: bool, binds: tuple[tuple[str, str], ...], t0: float,
                          net: NetworkSpec | None, host_ports: dict[int, int], gpus: list[Gpu],
-                         privileged: bool) -> SandboxInfo:
+                         privileged: bool, disk_mib: int | None) -> SandboxInfo:
         if disk_free_bytes(self.paths.home) < MIN_FREE_DISK:
             raise errors.ResourceExhausted(
                 f"less than {MIN_FREE_DISK >> 20} MiB free under {self.paths.home}: remove snapshots or images, or free disk")
@@ -270,16 +288,22 @@ class SandboxService:
             if net is not None:
                 slot, resolved = await self.net.acquire(net.policy, strict=snapshot is None)
                 self._slots[sandbox_id] = slot
+            layer = d / "disk"
+            if disk_mib is not None:
+                await asyncio.to_thread(mount_disk, layer, disk_mib)
+            else:
+                layer.mkdir()
+            upper = self.upper_dir(sandbox_id)
             if snapshot is not None:
-                await asyncio.to_thread(copy_tree, self.snapshots.upper_dir(snapshot.snapshot_id), d / "upper")
+                await asyncio.to_thread(copy_tree, self.snapshots.upper_dir(snapshot.snapshot_id), upper)
             else:
                 # The agent reads its key from the root and deletes it before any command runs.
-                (d / "upper").mkdir(mode=0o755)
-                kf = d / "upper" / ".rollbox-key"
+                upper.mkdir(mode=0o755)
+                kf = upper / ".rollbox-key"
                 kf.write_bytes(key)
                 kf.chmod(0o600)
             (d / "agent.key").write_bytes(key)
-            await asyncio.to_thread(mount_overlay, lowers, d / "upper", d / "work", d / "rootfs")
+            await asyncio.to_thread(mount_overlay, lowers, upper, layer / "work", d / "rootfs")
             write_bundle(d, BundleSpec(rootfs=d / "rootfs", cgroup_path=cgroups.cgroup_path(cid, self.cg),
                                        cpu=cpu, memory_mib=memory_mib, env=env, binds=binds, hostname=sandbox_id,
                                        netns_path=slot.sandbox_ns_path if slot else None,
@@ -336,7 +360,7 @@ class SandboxService:
             raise
         cfg = self.images.meta(image_id).image_config
         lv = Live(sandbox_id, channel, image_id, cpu, memory_mib, env, keep_warm_seconds, volumes=volumes, key=key,
-                  net=net, workdir=cfg.working_dir, user=cfg.user)
+                  net=net, workdir=cfg.working_dir, user=cfg.user, disk_mib=disk_mib)
         self.live[sandbox_id] = lv
         now = time.time()
         net_cols = self._net_columns(sandbox_id, net)
@@ -430,7 +454,8 @@ class SandboxService:
                      volumes: list[dict[str, str]] | None = None, tags: dict[str, str] | None = None,
                      ports: list[int] | None = None, block_network: bool = True,
                      allow_list: list[str] | None = None, entrypoint: bool | None = None,
-                     gpu: str | None = None, gpu_count: int = 1, docker_enabled: bool = False) -> SandboxInfo:
+                     gpu: str | None = None, gpu_count: int = 1, docker_enabled: bool = False,
+                     disk_mib: int | None = None) -> SandboxInfo:
         """A fresh sandbox of `image_id`. The image's config applies: its Env under `env`, its
         WorkingDir and User for commands, and its Entrypoint + Cmd started as the main process
         when `entrypoint` is True, or None and the image declares one."""
@@ -455,7 +480,7 @@ class SandboxService:
             vols.append({"name": check_name(v.get("name", "")), "mount_path": mp})
         info = await self._boot(sandbox_id=new_sandbox_id(), image_id=image_id, cpu=cpu, memory_mib=memory_mib,
                                 env=env, keep_warm_seconds=keep_warm_seconds, volumes=vols, tags=tags, net=net,
-                                gpus=gpus, privileged=docker_enabled)
+                                gpus=gpus, privileged=docker_enabled, disk_mib=disk_mib)
         if docker_enabled:
             # gVisor's documented Docker-in-gVisor set-up: no bridge or iptables (containers use
             # the sandbox's network), the vfs storage driver (no overlayfs inside).
@@ -710,6 +735,7 @@ class SandboxService:
         if slot is not None:
             await self.net.release(slot)
         await asyncio.to_thread(unmount, d / "rootfs")
+        await asyncio.to_thread(unmount, d / "disk")
         left = cgroups.remove(cid, self.cg)
         if left:
             await asyncio.sleep(0.1)
@@ -808,10 +834,10 @@ class SandboxService:
                                                    f"under {self.paths.snapshots}", sandbox_id=sandbox_id)
                 raise errors.SandboxLost(f"checkpointing sandbox {sandbox_id} failed: {detail}",
                                          sandbox_id=sandbox_id)
-            await asyncio.to_thread(copy_tree, self.sandbox_dir(sandbox_id) / "upper", self.snapshots.upper_dir(sid))
+            await asyncio.to_thread(copy_tree, self.upper_dir(sandbox_id), self.snapshots.upper_dir(sid))
             self.snapshots.write_meta(SnapshotMeta(sid, sandbox_id, lv.image_id, lv.cpu, lv.memory_mib, lv.env,
                                                    time.time(), internal, lv.volumes, kind, lv.key.hex(),
-                                                   lv.net.to_wire() if lv.net else None))
+                                                   lv.net.to_wire() if lv.net else None, lv.disk_mib))
             self.store.insert_snapshot(sid, sandbox_id, lv.image_id, internal, kind,
                                        None if ttl_s is None else time.time() + ttl_s)
         except BaseException:
@@ -949,5 +975,5 @@ class SandboxService:
 
     async def create_image_from_filesystem(self, sandbox_id: str) -> str:
         lv = await self._running(sandbox_id)
-        meta = await asyncio.to_thread(self.images.create_from_upper, self.sandbox_dir(sandbox_id) / "upper", lv.image_id)
+        meta = await asyncio.to_thread(self.images.create_from_upper, self.upper_dir(sandbox_id), lv.image_id)
         return meta.image_id

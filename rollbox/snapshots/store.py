@@ -36,6 +36,7 @@ class SnapshotMeta:
     agent_key: str = ""  # hex; the restored agent keeps the key it had (it is in its memory)
     # NetworkSpec.to_wire() of a networked source (its netstack needs an interface on restore).
     network: dict[str, Any] | None = None
+    disk_mib: int | None = None  # the source's writable-layer cap; copies get the same
 
 
 def new_snapshot_id() -> str:
