@@ -16,6 +16,7 @@
     ├── RuntimeMissing           (runsc or a host prerequisite is absent; carries the fix)
     ├── ResourceExhausted        (disk full, too many sandboxes)
     ├── ResourceUnavailable      (not on this machine at all, e.g. a GPU)
+    ├── Unauthorized             (the TCP listener's bearer token is missing or wrong)
     ├── DaemonUnavailable        (no daemon answers and none could be started)
     ├── ImagePullError           (a registry or image source failed; retryable)
     │   └── ImageCorrupt         (digest mismatch, truncated or malformed archive)
@@ -141,13 +142,20 @@ class UnsupportedImage(InvalidArgument):
     code = "unsupported_image"
 
 
+class Unauthorized(RollboxError):
+    """The daemon's TCP listener refused the request: no or a wrong bearer token
+    (set ROLLBOX_TOKEN to the daemon's token, `ROLLBOX_HOME/token` on its host)."""
+
+    code, status = "unauthorized", 401
+
+
 CODES: dict[str, type[RollboxError]] = {
     cls.code: cls
     for cls in (
         RollboxError, InvalidArgument, NotFound, SandboxNotFound, SnapshotNotFound, ImageNotFound,
         VolumeNotFound, FileNotFoundInSandbox, InvalidState, SandboxTerminated, SandboxLost, RuntimeMissing,
         ResourceExhausted, DaemonUnavailable, ApiError, ImagePullError, ImageCorrupt, UnsupportedImage,
-        ImageBuildError, FunctionTimeout, ResourceUnavailable,
+        ImageBuildError, FunctionTimeout, ResourceUnavailable, Unauthorized,
     )
 }
 

@@ -20,6 +20,9 @@ class ExecResult:
             bytes each; `truncated` says whether more was produced and dropped.
         timed_out: the command ran past its timeout and its whole process tree was killed.
         oom_killed: the sandbox ran out of memory while the command ran (the sandbox is gone).
+        pids_limited: the command's process tree filled the sandbox's process limit (a fork
+            bomb; RLIMIT_NPROC, 512 tasks) when its timeout killed it.
+        signal: the signal number that ended the process, or None.
         duration_s: wall-clock seconds from start to exit, measured inside the sandbox.
     """
 
@@ -32,6 +35,8 @@ class ExecResult:
     duration_s: float = 0.0
     stdout_bytes: int = 0
     stderr_bytes: int = 0
+    pids_limited: bool = False
+    signal: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -56,6 +61,8 @@ class ExecResult:
             duration_s=float(d.get("duration_s") or 0.0),
             stdout_bytes=int(d.get("stdout_bytes") or 0),
             stderr_bytes=int(d.get("stderr_bytes") or 0),
+            pids_limited=bool(d.get("pids_limited")),
+            signal=d.get("signal"),
         )
 
 

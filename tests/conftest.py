@@ -21,6 +21,9 @@ USER_HOME = Path(os.environ.get("ROLLBOX_HOME", DEFAULT_HOME))
 TEST_HOME = Path(os.environ.get("ROLLBOX_TEST_HOME", "/var/lib/rollbox-test"))
 os.environ["ROLLBOX_HOME"] = str(TEST_HOME)
 os.environ.pop("ROLLBOX_URL", None)
+os.environ.pop("ROLLBOX_TOKEN", None)
+# A canary in the environment the test daemon inherits: no sandbox may ever see it.
+os.environ.setdefault("ROLLBOX_TEST_CANARY", "daemon-env-canary-" + os.urandom(6).hex())
 
 
 def _provision_base_image() -> None:

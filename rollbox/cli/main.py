@@ -34,10 +34,12 @@ def _client():  # type: ignore[no-untyped-def]
 
 
 @app.command()
-def serve() -> None:
+def serve(listen: str = typer.Option("", help="also serve on TCP at HOST:PORT for remote clients; every "
+                                             "request then needs `Authorization: Bearer` with the token in "
+                                             "ROLLBOX_HOME/token (or ROLLBOX_TOKEN)")) -> None:
     """Run the daemon in the foreground (the SDK starts one on demand)."""
     from ..server.daemon import serve as _serve
-    _serve(Paths.from_env())
+    _serve(Paths.from_env(), listen or None)
 
 
 @app.command()

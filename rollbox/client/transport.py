@@ -68,7 +68,10 @@ def stop_daemon(paths: Paths, timeout_s: float = 10.0) -> bool:
 class Client:
     """One connection pool to one daemon. Thread-safe (httpx.Client is)."""
 
-    def __init__(self, url: str | None = None, *, paths: Paths | None = None, autostart: bool = True) -> None:
+    def __init__(self, url: str | None = None, *, paths: Paths | None = None, autostart: bool = True,
+                 token: str | None = None) -> None:
+        """url: `http://HOST:PORT` of a daemon's TCP listener (token: its bearer token, default
+        ROLLBOX_TOKEN), `unix:///path`, or None: ROLLBOX_URL, else the local daemon's socket."""
         self.paths = paths or Paths.from_env()
         url = url if url is not None else os.environ.get("ROLLBOX_URL")
         self.autostart = autostart and not url
@@ -81,8 +84,12 @@ class Client:
             base = "http://rollbox"
             self.socket_path = sock
         self.base_url = url or f"unix://{self.paths.socket}"
+        headers = {"user-agent": "rollbox-sdk"}
+        token = token if token is not None else os.environ.get("ROLLBOX_TOKEN")
+        if token:
+            headers["authorization"] = f"Bearer {token.strip()}"
         self._http = httpx.Client(transport=transport, base_url=base,
-                                  timeout=httpx.Timeout(None, connect=10.0), headers={"user-agent": "rollbox-sdk"})
+                                  timeout=httpx.Timeout(None, connect=10.0), headers=headers)
         self._checked = False
 
     def close(self) -> None:
@@ -98,9 +105,12 @@ class Client:
 
     def _ping(self) -> bool:
         try:
-            return self._http.get("/health", timeout=5.0).status_code == 200
+            resp = self._http.get("/health", timeout=5.0)
         except httpx.HTTPError:
             return False
+        if resp.status_code == 401:
+            raise errors.from_wire(resp.json(), 401)
+        return resp.status_code == 200
 
     def ensure_daemon(self) -> None:
         """Connects, starting the local daemon if needed. Raises DaemonUnavailable."""

@@ -9,6 +9,8 @@
 from __future__ import annotations
 
 import base64
+import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,6 +146,9 @@ class Sandbox:
         return SandboxInstance(sandbox_id, c, info)
 
 
+MAX_TRANSFER_BYTES = 64 * 1024 * 1024  # the agent's per-file read limit
+
+
 class SandboxFileSystem:
     """`sb.fs`: files inside the sandbox, read and written through its agent."""
 
@@ -173,6 +178,31 @@ class SandboxFileSystem:
     def remove(self, path: str) -> None:
         """Removes a file or a directory tree."""
         self._sb._call("POST", "files/remove", {"path": path})
+
+    def upload_file(self, local_path: str | os.PathLike[str], sandbox_path: str, mode: int | None = None) -> None:
+        """Copies a file of this machine into the sandbox at absolute `sandbox_path` (up to
+        64 MiB; mode: the local file's permission bits unless given). Raises InvalidArgument
+        (not a regular file, too large), FileNotFoundError (no such local file)."""
+        st = os.stat(local_path)
+        if not stat.S_ISREG(st.st_mode):
+            raise errors.InvalidArgument(f"upload_file: {local_path} is not a regular file")
+        if st.st_size > MAX_TRANSFER_BYTES:
+            raise errors.InvalidArgument(f"upload_file: {local_path} is {st.st_size} bytes, over the "
+                                  f"{MAX_TRANSFER_BYTES >> 20} MiB limit; use a Volume for large files")
+        with open(local_path, "rb") as f:
+            self.write_file(sandbox_path, f.read(), stat.S_IMODE(st.st_mode) if mode is None else mode)
+
+    def download_file(self, sandbox_path: str, local_path: str | os.PathLike[str]) -> int:
+        """Copies the sandbox's file at absolute `sandbox_path` to `local_path` on this machine
+        (written whole or not at all); returns its size in bytes. Paths and symlinks are resolved
+        inside the sandbox: a link to /etc/passwd gives the sandbox's, never the host's.
+        Raises FileNotFoundInSandbox, InvalidArgument (not a regular file, over 64 MiB)."""
+        data = self.read_file(sandbox_path)
+        tmp = f"{os.fspath(local_path)}.rollbox-partial"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, local_path)
+        return len(data)
 
 
 class SandboxDocker:

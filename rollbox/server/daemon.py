@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator
 from typing import IO
 
@@ -23,6 +24,7 @@ from ..errors import RollboxError
 from ..runtime.reaper import become_subreaper
 from ..runtime.runsc import Runsc
 from .app import create_app
+from .auth import BearerAuth, load_or_create_token, secure_socket
 from . import watchdog
 from .service import SandboxService
 from .store import Store
@@ -44,7 +46,39 @@ def _lock(paths: Paths) -> IO[str]:
     return f
 
 
-async def serve_async(paths: Paths) -> None:
+def parse_listen(listen: str) -> tuple[str, int]:
+    """'HOST:PORT' (IPv4 or a name; '[v6]:PORT' for IPv6) -> (host, port). Raises ValueError."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not (0 <= int(port) <= 65535):
+        raise ValueError(f"--listen {listen!r} must be HOST:PORT, e.g. 0.0.0.0:7420")
+    return host.strip("[]"), int(port)
+
+
+def _unix_socket(paths: Paths) -> socket.socket:
+    if paths.socket.exists():
+        paths.socket.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # never world-writable, not even between bind and chmod
+    try:
+        sock.bind(str(paths.socket))
+    finally:
+        os.umask(old)
+    secure_socket(paths.socket, paths.home)
+    return sock
+
+
+def _tcp_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+async def serve_async(paths: Paths, listen: str | None = None) -> None:
+    """Serves the API on the unix socket, and with `listen` ('HOST:PORT') also on TCP,
+    where every request needs the bearer token (rollbox.server.auth)."""
+    tcp_addr = parse_listen(listen) if listen else None
     paths.ensure()
     lock = _lock(paths)
     become_subreaper()
@@ -64,20 +98,24 @@ async def serve_async(paths: Paths) -> None:
         await service.net.close()
 
     app.router.lifespan_context = lifespan
-    if paths.socket.exists():
-        paths.socket.unlink()
-    config = uvicorn.Config(app, uds=str(paths.socket), log_level="warning", access_log=False,
+    sockets = [_unix_socket(paths)]
+    asgi: object = app
+    if tcp_addr is not None:
+        sockets.append(_tcp_socket(*tcp_addr))
+        asgi = BearerAuth(app, load_or_create_token(paths))
+        log.info("listening on tcp %s:%d (bearer token required)", *sockets[-1].getsockname()[:2])
+    config = uvicorn.Config(asgi, log_level="warning", access_log=False,  # type: ignore[arg-type]
                             timeout_keep_alive=300, timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     watcher = asyncio.create_task(watchdog.run(service))
     try:
-        await server.serve()
+        await server.serve(sockets=sockets)
     finally:
         watcher.cancel()
         store.close()
         lock.close()
 
 
-def serve(paths: Paths | None = None) -> None:
+def serve(paths: Paths | None = None, listen: str | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve_async(paths or Paths.from_env()))
+    asyncio.run(serve_async(paths or Paths.from_env(), listen or os.environ.get("ROLLBOX_LISTEN") or None))

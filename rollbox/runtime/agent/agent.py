@@ -25,6 +25,7 @@ import ctypes
 import json
 import os
 import queue
+import resource
 import select
 import signal
 import socket
@@ -97,6 +98,11 @@ _pool = Workers(0)  # replaced with a reserve of threads by main()
 
 _key = {"key": b""}
 MAX_FRAME = 1024 * 1024 * 1024
+# An exec whose tree holds this many processes when it is killed ran into RLIMIT_NPROC (which
+# counts every task of the sandbox, threads included; a bomb's tree, seen while it churns, was
+# well under the limit itself).
+_NPROC = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+PIDS_REPORT_AT = max(16, _NPROC // 2) if _NPROC != resource.RLIM_INFINITY else 1 << 30
 KEY_FILE = "/.rollbox-key"
 
 
@@ -187,21 +193,26 @@ def marked_pids(mark):
 
 
 def kill_tree(pid, mark):
-    """SIGKILL the exec's process group and every process carrying its mark, until none is left."""
+    """SIGKILL the exec's process group and every process carrying its mark, until none is
+    left. Returns how many processes the exec had when the kill began."""
+    first = None
     for _ in range(50):
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
         pids = marked_pids(mark)
+        if first is None:
+            first = len(pids)
         for p in pids:
             try:
                 os.kill(p, signal.SIGKILL)
             except OSError:
                 pass
         if not pids:
-            return
+            break
         time.sleep(0.02)
+    return first or 0
 
 
 def exit_code_of(status):
@@ -316,6 +327,7 @@ def op_exec(req):
     totals = {out_r: 0, err_r: 0}
     open_fds = [out_r, err_r]
     timed_out = False
+    tree = 0
     exited_at = None
     deadline = start + timeout if timeout else None
 
@@ -339,7 +351,7 @@ def op_exec(req):
             break
         if deadline is not None and now >= deadline and not waiter[0].is_set():
             timed_out = True
-            kill_tree(pid, mark)
+            tree = kill_tree(pid, mark)
             break
         wait = 0.05
         if deadline is not None:
@@ -372,6 +384,8 @@ def op_exec(req):
         "stderr_bytes": totals[err_r],
         "truncated": totals[out_r] > cap or totals[err_r] > cap,
         "timed_out": timed_out,
+        # A fork bomb: the exec's tree had (nearly) every process the sandbox may have.
+        "pids_limited": tree >= PIDS_REPORT_AT,
         "duration_s": time.monotonic() - start,
     }
 
