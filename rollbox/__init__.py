@@ -25,6 +25,7 @@ from .errors import (  # noqa: E402
     SandboxTerminated,
     SnapshotNotFound,
     UnsupportedImage,
+    UnsupportedOperation,
     VolumeNotFound,
 )
 from .sdk.function import Function, FunctionError, function  # noqa: E402
@@ -64,6 +65,7 @@ __all__ = [
     "SandboxTerminated",
     "SnapshotNotFound",
     "UnsupportedImage",
+    "UnsupportedOperation",
     "Volume",
     "VolumeNotFound",
     "__version__",

@@ -13,10 +13,11 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
 from .. import __version__, errors
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .service import SandboxService
 
 log = logging.getLogger("rollbox.api")
@@ -45,6 +46,8 @@ class CreateSandbox(BaseModel):
     gpu: str | None = Field(None, description="'any' or a GPU model ('H100', 'A100', ...): NVIDIA GPUs via nvproxy")
     gpu_count: int = Field(1, ge=1, le=16)
     docker_enabled: bool = Field(False, description="run a Docker daemon inside (image needs docker.io)")
+    runtime: StrictStr = Field("gvisor", description="'gvisor' (default) or 'runc' (weaker isolation: the host "
+                               "kernel, namespaces + seccomp; no memory snapshots)")
 
 
 class BuildImage(BaseModel):
@@ -139,6 +142,11 @@ def create_app(service: SandboxService) -> FastAPI:
         return {"ok": True, "version": __version__, "pid": os.getpid(), "sandboxes": len(service.live),
                 "network": service.net.stats()}
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus text format: sandboxes by state, starts, start/exec latency, warm pools."""
+        return Response(service.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
     @app.post("/sandboxes")
     async def create(body: CreateSandbox) -> dict[str, Any]:
         if body.image_id == "im-debian-bookworm":
@@ -148,7 +156,7 @@ def create_app(service: SandboxService) -> FastAPI:
                                     volumes=[v.model_dump() for v in body.volumes], tags=body.tags,
                                     ports=body.ports, block_network=body.block_network, allow_list=body.allow_list,
                                     entrypoint=body.entrypoint, gpu=body.gpu, gpu_count=body.gpu_count,
-                                    docker_enabled=body.docker_enabled)
+                                    docker_enabled=body.docker_enabled, runtime=body.runtime)
         return asdict(info)
 
     @app.post("/sandboxes/{sandbox_id}/ports")
