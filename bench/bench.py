@@ -65,14 +65,18 @@ from rollbox.sdk.image import Image
 from rollbox.sdk.pool import SandboxPool
 from rollbox.sdk.sandbox import Sandbox, SandboxInstance, default_client
 
+from . import scale
+
 SHARED_HOME = Path("/var/lib/rollbox")
 IMAGE_ID = "im-debian-bookworm"
 IMAGE_ROOTFS = SHARED_HOME / "images" / IMAGE_ID / "rootfs"
-WORK = Path("/tmp/rollbox-bench")
+# ROLLBOX_BENCH_WORK: a private work directory (and cgroup parent), so that two benches on one
+# machine do not remove each other's raw containers.
+WORK = Path(os.environ.get("ROLLBOX_BENCH_WORK", "/tmp/rollbox-bench"))
 PRIVATE_HOME = WORK / "home"
 RAW_ROOT = WORK / "runsc"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-CGROUP_PARENT = "rollbox-bench"
+CGROUP_PARENT = "rollbox-bench" + ("-" + WORK.name if "ROLLBOX_BENCH_WORK" in os.environ else "")
 RAW_ARGS = ["/usr/bin/python3", "-S", "-c", "import time\nwhile True: time.sleep(3600)"]
 RUNSC_FLAGS = ["--platform=systrap", "--network=none", "--overlay2=none"]
 
@@ -81,9 +85,16 @@ FORK_N, IDLE_N, IDLE_WAIT_S = 8, 8, 2.0
 POOL_RUNS: tuple[tuple[int, int], ...] = ((1, 16), (4, 32), (16, 48))  # (concurrency, episodes)
 RAW_EPISODE_RUNS: tuple[tuple[int, int], ...] = ((1, 12), (4, 16))
 NET_CYCLES = int(os.environ.get("ROLLBOX_BENCH_NET_CYCLES", "1000"))
-TARGETS = {"restore_ttfc_p50_ms": ("<=", 150.0), "restore_overhead_ratio": ("<=", 1.2),
-           "exec_p50_ms": ("<=", 10.0), "idle_mib": ("<=", 30.0), "net_restore_extra_ms": ("<=", 20.0),
-           "fs_image_boot_p50_ms": ("<", 1000.0)}
+# Tier rows (bench/scale.py): (concurrency, episodes) per run; TIER_POOL_RUNS for the gVisor tiers.
+TIER_RUNS: list[tuple[int, int]] = [(1, 20), (4, 40), (16, 64), (64, 128)]
+TIER_POOL_RUNS: list[tuple[int, int]] = [(1, 16), (4, 32), (16, 48), (64, 128)]
+N_TIER_TTFC, N_WARM_ACQUIRE = 20, 20
+SCALE_TESTS = True
+TARGETS = {"restore_ttfc_p50_ms": ("<=", 100.0), "ttfc_p99_ms": ("<=", 250.0),
+           "warm_acquire_p50_ms": ("<=", 5.0), "restore_overhead_ratio": ("<=", 1.1),
+           "exec_p50_ms": ("<=", 5.0), "idle_mib": ("<=", 20.0), "net_restore_extra_ms": ("<=", 20.0),
+           "fs_image_boot_p50_ms": ("<", 1000.0), "episodes_per_s": (">=", 20.0),
+           "runc_episodes_per_s": (">=", 100.0), "max_idle_sandboxes": (">=", 500.0)}
 
 
 # ---- statistics --------------------------------------------------------------------------
@@ -538,6 +549,10 @@ def r(x: float, nd: int = 1) -> float:
     return round(x, nd)
 
 
+def _met(value: float, op: str, target: float) -> bool:
+    return bool({"<=": value <= target, "<": value < target, ">=": value >= target}[op])
+
+
 def build_results(m: dict[str, Any]) -> dict[str, Any]:
     res: dict[str, Any] = {
         "cold_ttfc_p50_ms": r(pct(m["cold"], .5)), "cold_ttfc_p99_ms": r(pct(m["cold"], .99)),
@@ -568,15 +583,73 @@ def build_results(m: dict[str, Any]) -> dict[str, Any]:
     res["idle_cgroup_mib"] = r(m["idle"].cgroup_mib)
     res["raw_runsc_idle_mib"] = r(m["raw_idle"].pss_mib)
     res["raw_runsc_idle_cgroup_mib"] = r(m["raw_idle"].cgroup_mib)
-    res["targets"] = {k: {"target": f"{op} {v:g}", "value": res[k], "met": bool(res[k] <= v)}
-                      for k, (op, v) in TARGETS.items()}
+    tiers = m["tiers"]
+    res["tiers"] = {k: t.row() for k, t in tiers.items()}
+    wa = m["warm_acquire"]
+    res["ttfc_p50_ms"], res["ttfc_p99_ms"] = res["restore_ttfc_p50_ms"], res["restore_ttfc_p99_ms"]
+    res["warm_acquire_p50_ms"] = r(pct(wa["acquire_ms"], .5), 2)
+    res["warm_acquire_daemon_p50_ms"] = r(pct(wa["daemon_ms"], .5), 2)
+    res["warm_first_exec_p50_ms"] = r(pct(wa["first_exec_ms"], .5), 2)
+    res["episodes_per_s"] = r(max(max(tiers["gvisor"].eps.values()), res["episodes_per_s"]), 2)
+    res["runc_episodes_per_s"] = r(max(tiers["runc"].eps.values()), 2)
+    sub_eps = max(tiers["subprocess"].eps.values())
+    res["ratio_ttfc_vs_raw_runsc"] = res["restore_overhead_ratio"]
+    res["ratio_ttfc_vs_no_isolation"] = r(pct(m["restore"], .5) / pct(tiers["subprocess"].ttfc_ms, .5), 1)
+    res["ratio_eps_vs_no_isolation"] = r(res["episodes_per_s"] / sub_eps, 4)
+    res["ratio_runc_eps_vs_no_isolation"] = r(res["runc_episodes_per_s"] / sub_eps, 4)
+    res["ratio_runc_ttfc_vs_raw_runc"] = r(pct(tiers["runc"].ttfc_ms, .5) / pct(tiers["raw_runc"].ttfc_ms, .5), 2)
+    if m.get("admission"):
+        res["admission"] = m["admission"]
+    if m.get("density"):
+        res["max_idle_sandboxes"] = m["density"]["max_idle_sandboxes"]
+        res["density"] = m["density"]
+    else:
+        res["max_idle_sandboxes"] = None  # full mode only
+    res["targets"] = {k: {"target": f"{op} {v:g}", "value": res[k], "met": _met(res[k], op, v)}
+                      for k, (op, v) in TARGETS.items() if res.get(k) is not None}
     res["all_targets_met"] = all(t["met"] for t in res["targets"].values())
     res["host"] = {"cores": os.cpu_count(), "loadavg_start": m["load0"], "loadavg_end": list(os.getloadavg()),
                    "other_runsc_sandboxes_at_start": m["others"]}
     return res
 
 
+def print_tier_table(res: dict[str, Any]) -> None:
+    """The one table of tiers: TTFC, episodes/s per concurrency, idle PSS, CPU per episode."""
+    names = {"gvisor": "rollbox gVisor from snapshot", "warm": "rollbox warm pool", "runc": "rollbox runc tier",
+             "raw_runsc": "raw runsc restore", "raw_runc": "raw runc run", "subprocess": "subprocess (no isolation)"}
+    concs = sorted({int(k[5:]) for t in res["tiers"].values() for k in t if k.startswith("eps_c")})
+    head = ["tier", "TTFC p50 ms", "TTFC p99 ms", *[f"eps c={c}" for c in concs], "idle MiB", "CPU s/ep"]
+    rows = []
+    for key, t in res["tiers"].items():
+        rows.append([names.get(key, key), f"{t['ttfc_p50_ms']}", f"{t['ttfc_p99_ms']}",
+                     *[str(t.get(f"eps_c{c}", "-")) for c in concs],
+                     "-" if t["idle_mib"] is None else str(t["idle_mib"]),
+                     "-" if t["cpu_s_per_episode"] is None else str(t["cpu_s_per_episode"])])
+    w = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
+    line = "  ".join("{:<%d}" % n for n in w)
+    print(line.format(*head))
+    print(line.format(*("-" * n for n in w)))
+    for row in rows:
+        print(line.format(*row))
+    print(f"ratios: TTFC rollbox/raw runsc {res['ratio_ttfc_vs_raw_runsc']}, rollbox/no isolation "
+          f"{res['ratio_ttfc_vs_no_isolation']}; eps gVisor/no isolation {res['ratio_eps_vs_no_isolation']}, "
+          f"runc/no isolation {res['ratio_runc_eps_vs_no_isolation']}; runc TTFC rollbox/raw runc "
+          f"{res['ratio_runc_ttfc_vs_raw_runc']}")
+    print(f"warm acquire p50 {res['warm_acquire_p50_ms']} ms (daemon hand-out {res['warm_acquire_daemon_p50_ms']} ms), "
+          f"then first exec {res['warm_first_exec_p50_ms']} ms")
+    if res.get("admission"):
+        a = res["admission"]
+        print(f"admission {a['episodes']} episodes @ {a['concurrency']}: {a['statuses']} in {a['seconds']} s; "
+              f"TTFC p50 by decile {a['ttfc_p50_ms_by_decile']}")
+    if res.get("density"):
+        d = res["density"]
+        print(f"idle density: {d['max_idle_sandboxes']} idle sandboxes before start latency doubled "
+              f"(stopped by {d['stopped_by']})")
+    print()
+
+
 def print_table(res: dict[str, Any], m: dict[str, Any]) -> None:
+    print_tier_table(res)
     rows: list[tuple[str, str, str, str]] = [
         ("cold TTFC p50 / p99 (ms)", f"{res['cold_ttfc_p50_ms']} / {res['cold_ttfc_p99_ms']}",
          f"{res['raw_runsc_cold_p50_ms']}", "raw: run -detach + exec true"),
@@ -728,7 +801,27 @@ def measure(tr: Tracker, raw: RawRunsc) -> dict[str, Any]:
     m["idle"] = rollbox_idle(tr, snap, IDLE_N)
     m["raw_idle"] = raw_idle(raw, image, IDLE_N)
     log(f"idle: rollbox {m['idle']}, raw {m['raw_idle']}")
+    measure_tiers(m, raw, image, snap)
     return m
+
+
+def measure_tiers(m: dict[str, Any], raw: RawRunsc, image: Path, snap: str) -> None:
+    """The tier table (bench/scale.py) and, in full mode, the scale tests."""
+    m["warm_acquire"] = scale.warm_acquire(snap, N_WARM_ACQUIRE)
+    tiers = m["tiers"] = {}
+    tiers["gvisor"] = scale.pool_tier("rollbox gVisor (snapshot)", snap, TIER_POOL_RUNS, m["restore"], warm=False)
+    tiers["gvisor"].idle_mib = m["idle"].pss_mib
+    tiers["warm"] = scale.pool_tier("rollbox warm pool", snap, TIER_POOL_RUNS, m["warm"], warm=True)
+    tiers["warm"].idle_mib = m["idle"].pss_mib
+    tiers["runc"] = scale.runc_tier(TIER_RUNS, N_TIER_TTFC)
+    tiers["raw_runsc"] = scale.Tier("raw runsc restore", ttfc_ms=list(m["raw_restore"]),
+                                    eps=dict(m["raw_eps"]), idle_mib=m["raw_idle"].pss_mib)
+    rr = scale.RawRunc(WORK, IMAGE_ROOTFS, CGROUP_PARENT)
+    tiers["raw_runc"] = scale.raw_runc_tier(rr, TIER_RUNS, N_TIER_TTFC)
+    tiers["subprocess"] = scale.subprocess_tier(TIER_RUNS, N_TIER_TTFC)
+    if SCALE_TESTS:
+        m["admission"] = scale.admission(snap)
+        m["density"] = scale.idle_density(snap)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -747,6 +840,9 @@ def main(argv: list[str] | None = None) -> int:
         global NET_CYCLES, IDLE_N
         N_COLD, N_RESTORE, N_EXEC, N_RAW_EXEC, N_RAW_RESTORE, N_RAW_COLD = 4, 10, 40, 10, 10, 4
         POOL_RUNS, RAW_EPISODE_RUNS, IDLE_N = ((1, 8), (4, 16)), ((1, 6), (4, 8)), 4
+        global TIER_RUNS, TIER_POOL_RUNS, N_TIER_TTFC, N_WARM_ACQUIRE, SCALE_TESTS
+        TIER_RUNS, TIER_POOL_RUNS = [(1, 6), (4, 12), (16, 16), (64, 64)], [(1, 4), (4, 8), (16, 16)]
+        N_TIER_TTFC, N_WARM_ACQUIRE, SCALE_TESTS = 6, 8, False
         NET_CYCLES = int(os.environ.get("ROLLBOX_BENCH_NET_CYCLES", "0"))
     if os.geteuid() != 0:
         print("bench: run as root (runsc, overlay mounts and cgroups need it)", file=sys.stderr)

@@ -26,6 +26,7 @@ from .errors import (  # noqa: E402
     SandboxTerminated,
     SnapshotNotFound,
     UnsupportedImage,
+    UnsupportedOperation,
     VolumeNotFound,
 )
 from .sdk.function import Function, FunctionError, function  # noqa: E402
@@ -66,6 +67,7 @@ __all__ = [
     "SnapshotNotFound",
     "Unauthorized",
     "UnsupportedImage",
+    "UnsupportedOperation",
     "Volume",
     "VolumeNotFound",
     "__version__",

@@ -49,6 +49,10 @@ class Paths:
         return self.home / "runsc"
 
     @property
+    def runc_root(self) -> Path:
+        return self.home / "runc"
+
+    @property
     def sandboxes(self) -> Path:
         return self.home / "sandboxes"
 

@@ -10,6 +10,7 @@
     │   ├── ImageNotFound
     │   └── VolumeNotFound
     ├── InvalidState             (e.g. exec on a terminated sandbox)
+    │   ├── UnsupportedOperation (the sandbox's runtime cannot do it, e.g. a runc memory snapshot)
     │   └── SandboxTerminated
     │       └── FunctionTimeout  (a remote function ran past its timeout; its sandbox was killed)
     ├── SandboxLost              (died or unreachable: an infrastructure fault, retryable)
@@ -80,6 +81,12 @@ class FileNotFoundInSandbox(NotFound):
 
 class InvalidState(RollboxError):
     code, status = "invalid_state", 409
+
+
+class UnsupportedOperation(InvalidState):
+    """The sandbox's runtime cannot do this (e.g. memory snapshots of a runc sandbox)."""
+
+    code = "unsupported_operation"
 
 
 class SandboxTerminated(InvalidState):
@@ -155,7 +162,7 @@ CODES: dict[str, type[RollboxError]] = {
         RollboxError, InvalidArgument, NotFound, SandboxNotFound, SnapshotNotFound, ImageNotFound,
         VolumeNotFound, FileNotFoundInSandbox, InvalidState, SandboxTerminated, SandboxLost, RuntimeMissing,
         ResourceExhausted, DaemonUnavailable, ApiError, ImagePullError, ImageCorrupt, UnsupportedImage,
-        ImageBuildError, FunctionTimeout, ResourceUnavailable, Unauthorized,
+        ImageBuildError, FunctionTimeout, ResourceUnavailable, Unauthorized, UnsupportedOperation,
     )
 }
 

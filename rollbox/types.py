@@ -101,6 +101,8 @@ class SandboxInfo:
     # "ports"} for a networked sandbox, None for loopback only.
     urls: dict[str, str] = field(default_factory=dict)
     network: dict[str, Any] | None = None
+    # "gvisor" (the default) or "runc" (the lighter tier: weaker isolation, no memory snapshots).
+    runtime: str = "gvisor"
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ SRC
 fi
 
 missing=()
-for pair in debootstrap:debootstrap iproute2:ip util-linux:nsenter nftables:nft docker-registry:docker-registry skopeo:skopeo apache2-utils:htpasswd zstd:zstd e2fsprogs:mkfs.ext4 mount:losetup; do
+for pair in runc:runc debootstrap:debootstrap iproute2:ip util-linux:nsenter nftables:nft docker-registry:docker-registry skopeo:skopeo apache2-utils:htpasswd zstd:zstd e2fsprogs:mkfs.ext4 mount:losetup; do
     pkg=${pair%%:*}; bin=${pair##*:}
     command -v "$bin" >/dev/null 2>&1 || missing+=("$pkg")
 done

@@ -1,4 +1,4 @@
-"""`rollbox` command line: serve, ps, exec, rm, doctor, demo, image, snapshot, usage."""
+"""`rollbox` command line: serve, ps, exec, rm, doctor, demo, image, snapshot, usage, top, bench."""
 
 from __future__ import annotations
 
@@ -344,6 +344,38 @@ def demo_humaneval(concurrency: int = typer.Option(4, help="episodes at once"),
     """Score HumanEval's 164 canonical solutions and an adversarial set in fresh sandboxes."""
     from ..demos.humaneval import run_demo
     run_demo(concurrency=concurrency, limit=limit, results_path=results, timeout=timeout, warm=warm)
+
+
+@app.command()
+def top(interval: float = typer.Option(1.0, help="seconds between refreshes"),
+        once: bool = typer.Option(False, "--once", help="print one frame (rates over one interval) and exit")) -> None:
+    """Live view of the daemon's metrics: sandboxes by state, starts/s, start and exec latency,
+    warm pools, admission queue (the same numbers as GET /metrics, Prometheus format)."""
+    from .top import run_top
+    if not interval > 0:
+        raise errors.InvalidArgument(f"--interval {interval} must be a positive number of seconds")
+    client = _client()
+    try:
+        run_top(lambda: client.get_text("/metrics"), interval_s=interval, once=once)
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench(ctx: typer.Context,
+          quick: bool = typer.Option(False, "--quick", help="fewer samples, no scale tests (< 2 min)")) -> None:
+    """Run the benchmark (bench/bench.py in the source tree): one table, then one JSON line.
+    Extra arguments go to the benchmark (e.g. --shared-daemon)."""
+    import importlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "bench" / "bench.py").is_file():
+        raise errors.RuntimeMissing(f"the benchmark ships with the source tree, not the package: no {root}/bench/bench.py; "
+                                    "run `rollbox bench` from an editable install (`make venv`)")
+    sys.path.insert(0, str(root))
+    bench_main = importlib.import_module("bench.bench").main
+    raise typer.Exit(bench_main((["--quick"] if quick else []) + list(ctx.args)))
 
 
 def main() -> None:

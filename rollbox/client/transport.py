@@ -159,6 +159,18 @@ class Client:
 
     # ---- requests ----------------------------------------------------------------------
 
+    def get_text(self, path: str) -> str:
+        """GET a plain-text resource (e.g. /metrics); raises the daemon's typed error."""
+        self.ensure_daemon()
+        try:
+            resp = self._http.get(path)
+        except httpx.TransportError as e:
+            raise errors.DaemonUnavailable(f"lost the rollbox daemon at {self.base_url} during GET {path}: {e}; "
+                                           f"see {self.paths.daemon_log}") from e
+        if resp.status_code >= 400:
+            raise errors.from_wire({"message": resp.text[:500]}, resp.status_code)
+        return resp.text
+
     def request(self, method: str, path: str, json: Any = None, params: dict[str, Any] | None = None) -> Any:
         """Sends one request; returns the decoded JSON body or raises the daemon's typed error."""
         self.ensure_daemon()

@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RuntimeMissing, SandboxLost
+from .driver import RunResult
 
 INSTALL_HINT = (
     "install gVisor from bookworm-backports: add the 'bookworm-backports' suite to apt's "
@@ -48,15 +48,16 @@ def runsc_processes(container_id: str) -> list[tuple[int, str]]:
     return out
 
 
-@dataclass(frozen=True)
-class RunscResult:
-    returncode: int
-    stdout: bytes
-    stderr: bytes
+RunscResult = RunResult  # the name this module used before the driver protocol
 
 
 class Runsc:
-    """Runs runsc verbs against one state root (`--root`). Safe to share between tasks."""
+    """Runs runsc verbs against one state root (`--root`). Safe to share between tasks.
+
+    The gVisor driver of the runtime protocol (driver.Driver)."""
+
+    name = "gvisor"
+    supports_snapshots = True
 
     def __init__(self, root: Path, *, binary: str | None = None, platform: str = "systrap",
                  network: str = "none") -> None:
@@ -139,6 +140,9 @@ class Runsc:
             except FileNotFoundError:
                 pass
         return res
+
+    def processes(self, container_id: str) -> list[tuple[int, str]]:
+        return runsc_processes(container_id)
 
     def forget(self, container_id: str) -> None:
         """Removes runsc's own state files for a container it could not delete."""

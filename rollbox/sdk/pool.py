@@ -11,13 +11,21 @@ Each episode: restore a fresh sandbox → `run_episode(sb, task)` → terminate.
   of `retries + 1` fresh sandboxes: reward None, never a silent 0.
 
 A sandbox is never reused: a failed one is discarded with its episode attempt.
+
+Streaming (actors that produce work continuously): `pool.submit(task)` returns a Future at
+once and `pool.as_completed()` yields EpisodeResults as they land. While streaming, the
+daemon's warm pool follows the queue: it is sized to the number of episodes submitted and not
+yet finished (capped by `warm`, or by `max_concurrency` when `warm` is 0), and set to zero
+when the queue drains (scale to zero).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import itertools
 import math
 import numbers
+import queue
 import secrets
 import sys
 import threading
@@ -53,12 +61,16 @@ class SandboxPool:
         warm: sandboxes the daemon keeps restored ahead of demand while the pool is open
             (0: none). Handing one out skips the ~200 ms restore; each is still used once.
         warm_idle_seconds: a warm pool unused this long drains to zero (and refills on use).
+        fn: the default episode function of `submit` (`fn(sandbox, task)`), or None.
+        scale_down_after_s: while streaming, seconds the queue must stay shallower before the
+            warm pool is shrunk (avoids churning spares between bursts of submits).
 
     Use as a context manager or call `close()`; closing waits for teardowns in flight.
     """
 
     def __init__(self, snapshot_id: str, max_concurrency: int = 16, *, keep_warm_seconds: float | None = 600,
-                 warm: int = 0, warm_idle_seconds: float = 300.0, client: Client | None = None) -> None:
+                 warm: int = 0, warm_idle_seconds: float = 300.0, client: Client | None = None,
+                 fn: Callable[[SandboxInstance, Any], Any] | None = None, scale_down_after_s: float = 2.0) -> None:
         if max_concurrency < 1:
             raise errors.InvalidArgument(f"max_concurrency={max_concurrency} must be >= 1")
         self.snapshot_id = snapshot_id
@@ -78,6 +90,9 @@ class SandboxPool:
         self.warm_idle_seconds = warm_idle_seconds
         self._warm_set = False
         self._aborted = False
+        self.fn = fn
+        self.scale_down_after_s = scale_down_after_s
+        self._stream: _Stream | None = None
 
     def __enter__(self) -> "SandboxPool":
         return self
@@ -106,6 +121,9 @@ class SandboxPool:
 
     def close(self) -> None:
         """Waits for teardowns in flight, then terminates any sandbox of this pool still alive."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
         self._reaper.shutdown(wait=True)
         if self._warm_set:
             try:
@@ -254,3 +272,138 @@ class SandboxPool:
         finally:
             if bar is not None:
                 bar.stop()
+
+    # ---- streaming -------------------------------------------------------------------------
+
+    def submit(self, task: Any, fn: Callable[[SandboxInstance, Any], Any] | None = None, *,
+               timeout: float | None = 60.0, retries: int = 1) -> "cf.Future[EpisodeResult]":
+        """Queues one episode and returns its Future at once (it never raises for the episode:
+        the Future's result is an EpisodeResult, whose status says how it went).
+
+        Args:
+            task: the episode's input.
+            fn: `fn(sandbox, task)`; defaults to the pool's `fn`.
+            timeout: seconds per attempt (restore excluded); None = no limit.
+            retries: extra attempts on a fresh sandbox after an infrastructure fault.
+
+        Raises:
+            InvalidArgument: no episode function, or retries < 0.
+            InvalidState: the pool is closed.
+        """
+        episode = fn or self.fn
+        if episode is None:
+            raise errors.InvalidArgument("submit needs an episode function: SandboxPool(..., fn=run_episode) "
+                                         "or pool.submit(task, fn=run_episode)")
+        if retries < 0:
+            raise errors.InvalidArgument(f"retries={retries} must be >= 0")
+        if self._reaper._shutdown:  # type: ignore[attr-defined]
+            raise errors.InvalidState("this SandboxPool is closed; make a new one")
+        if self._stream is None:
+            self._stream = _Stream(self)
+        return self._stream.submit(episode, task, timeout, retries)
+
+    def as_completed(self, timeout: float | None = None) -> Iterator[EpisodeResult]:
+        """Yields the EpisodeResult of every submitted episode as it finishes (each once),
+        including episodes submitted while iterating; returns when none is outstanding.
+
+        Args:
+            timeout: seconds to wait for the next result; None waits as long as it takes.
+
+        Raises:
+            TimeoutError: no result arrived within `timeout` while episodes were outstanding.
+        """
+        if self._stream is None:
+            return
+        yield from self._stream.results(timeout)
+
+    def queue_depth(self) -> int:
+        """Episodes submitted and not yet finished."""
+        return 0 if self._stream is None else self._stream.depth
+
+
+class _Stream:
+    """The executor, result queue and warm-pool sizer behind submit/as_completed."""
+
+    def __init__(self, pool: SandboxPool) -> None:
+        self.pool = pool
+        self.ex = cf.ThreadPoolExecutor(max_workers=pool.max_concurrency, thread_name_prefix="rollbox-stream")
+        self.done: queue.SimpleQueue[cf.Future[EpisodeResult]] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.depth = 0  # submitted, not finished
+        self.unyielded = 0  # submitted, result not yet yielded by as_completed
+        self.index = itertools.count()
+        self.cap = min(64, pool.warm if pool.warm > 0 else pool.max_concurrency)
+        self.warm_now = 0  # what the daemon was last told
+        self.wake = threading.Event()
+        self.stopping = False
+        self.sizer = threading.Thread(target=self._size_loop, daemon=True, name="rollbox-warm-sizer")
+        self.sizer.start()
+
+    def submit(self, fn: Callable[[SandboxInstance, Any], Any], task: Any, timeout: float | None,
+               retries: int) -> "cf.Future[EpisodeResult]":
+        with self.lock:
+            self.depth += 1
+            self.unyielded += 1
+        self.wake.set()
+        fut = self.ex.submit(self.pool._episode, next(self.index), fn, task, timeout, retries)
+        fut.add_done_callback(self._finished)
+        return fut
+
+    def _finished(self, fut: "cf.Future[EpisodeResult]") -> None:
+        with self.lock:
+            self.depth -= 1
+        self.done.put(fut)
+        self.wake.set()
+
+    def results(self, timeout: float | None) -> Iterator[EpisodeResult]:
+        while True:
+            with self.lock:
+                if self.unyielded == 0:
+                    return
+            try:
+                fut = self.done.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"no episode finished within {timeout} s ({self.depth} outstanding)") from None
+            with self.lock:
+                self.unyielded -= 1
+            if fut.cancelled():
+                continue
+            yield fut.result()
+
+    def _want(self) -> int:
+        return min(self.cap, self.depth)
+
+    def _size_loop(self) -> None:
+        """Grows the daemon's warm pool at once with the queue; shrinks it (to zero when the
+        queue drains) once the queue has stayed shallower for scale_down_after_s."""
+        low_since: float | None = None
+        while not self.stopping:
+            self.wake.wait(0.2)
+            self.wake.clear()
+            want = self._want()
+            now = time.monotonic()
+            if want >= self.warm_now:
+                low_since = None
+                if want > self.warm_now:
+                    self._set(want)
+                continue
+            low_since = low_since or now
+            if now - low_since >= self.pool.scale_down_after_s:
+                self._set(want)
+                low_since = None
+
+    def _set(self, count: int) -> None:
+        try:
+            self.pool._client.request("PUT", f"/snapshots/{self.pool.snapshot_id}/warm",
+                                      json={"count": count, "idle_seconds": self.pool.warm_idle_seconds})
+            self.warm_now = count
+        except errors.RollboxError:
+            pass  # a warm pool is an optimisation: episodes still restore on demand
+
+    def close(self) -> None:
+        self.ex.shutdown(wait=True, cancel_futures=True)
+        self.stopping = True
+        self.wake.set()
+        self.sizer.join(timeout=5)
+        if self.warm_now:
+            self._set(0)

@@ -75,6 +75,13 @@ class Sandbox:
             gVisor's nvproxy. On a machine without a matching GPU, create() raises
             ResourceUnavailable (never a silent CPU run).
 
+        runtime: "gvisor" (default): gVisor's user-space kernel, memory snapshots, fork, pause.
+            "runc": the lighter tier for trusted, lightweight environments (classic
+            simulators): namespaces + seccomp + cgroups on the host kernel, a faster start and
+            less memory, same API, but WEAKER isolation (a host kernel bug is reachable from
+            inside). snapshot_memory/fork/pause raise UnsupportedOperation on it; gpu= and
+            docker_enabled are gVisor-only.
+
     A sandbox with neither ports nor outbound access has loopback only (the fastest start).
     Otherwise it gets its own network namespace and gVisor netstack; its memory snapshots
     restore into copies that each have their own network and URLs.
@@ -95,6 +102,7 @@ class Sandbox:
     gpu_count: int = 1
     docker_enabled: bool = False
     disk: int | None = 4096
+    runtime: str = "gvisor"
     client: Client | None = field(default=None, compare=False, repr=False)
 
     def _client(self) -> Client:
@@ -120,7 +128,7 @@ class Sandbox:
             "tags": self.tags, "ports": list(self.ports), "block_network": self.block_network,
             "allow_list": None if self.allow_list is None else list(self.allow_list),
             "entrypoint": self.entrypoint, "gpu": self.gpu, "gpu_count": self.gpu_count,
-            "docker_enabled": self.docker_enabled, "disk": self.disk}))
+            "docker_enabled": self.docker_enabled, "disk": self.disk, "runtime": self.runtime}))
         return SandboxInstance(info.sandbox_id, c, info)
 
     @synchronized
@@ -328,7 +336,8 @@ class SandboxInstance:
             ttl: seconds the store keeps the snapshot; None keeps it until deleted.
 
         Returns the snapshot id for `Sandbox().create_from_memory_snapshot(id)` or `SandboxPool`.
-        Raises ResourceExhausted when the store's disk is full (nothing stored is touched).
+        Raises ResourceExhausted when the store's disk is full (nothing stored is touched),
+        UnsupportedOperation on a runc sandbox (memory snapshots need gVisor).
         """
         return str(self._call("POST", "snapshot", {"ttl": ttl})["snapshot_id"])
 

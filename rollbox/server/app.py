@@ -13,10 +13,11 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
 from .. import __version__, errors
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .service import SandboxService
 
 log = logging.getLogger("rollbox.api")
@@ -47,6 +48,8 @@ class CreateSandbox(BaseModel):
     docker_enabled: bool = Field(False, description="run a Docker daemon inside (image needs docker.io)")
     disk: StrictInt | None = Field(None, description="cap on the sandbox's writable layer, MiB (writes past it fail "
                                    "with ENOSPC inside); null: no cap")
+    runtime: StrictStr = Field("gvisor", description="'gvisor' (default) or 'runc' (weaker isolation: the host "
+                               "kernel, namespaces + seccomp; no memory snapshots)")
 
 
 class BuildImage(BaseModel):
@@ -141,6 +144,11 @@ def create_app(service: SandboxService) -> FastAPI:
         return {"ok": True, "version": __version__, "pid": os.getpid(), "sandboxes": len(service.live),
                 "network": service.net.stats()}
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus text format: sandboxes by state, starts, start/exec latency, warm pools."""
+        return Response(service.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
     @app.post("/sandboxes")
     async def create(body: CreateSandbox) -> dict[str, Any]:
         if body.image_id == "im-debian-bookworm":
@@ -151,7 +159,7 @@ def create_app(service: SandboxService) -> FastAPI:
                                     ports=body.ports, block_network=body.block_network, allow_list=body.allow_list,
                                     entrypoint=body.entrypoint, gpu=body.gpu, gpu_count=body.gpu_count,
                                     disk_mib=body.disk,
-                                    docker_enabled=body.docker_enabled)
+                                    docker_enabled=body.docker_enabled, runtime=body.runtime)
         return asdict(info)
 
     @app.post("/sandboxes/{sandbox_id}/ports")

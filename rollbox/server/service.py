@@ -36,12 +36,15 @@ from ..runtime.gpu import Gpu, oci_devices as gpu_devices, select as select_gpus
 from ..runtime.channel import AgentChannel, AgentError, make_fifos, open_for_sandbox
 from ..runtime.reaper import Reaper
 from ..runtime.rootfs import copy_tree, disk_free_bytes, mount_disk, mount_overlay, remove_tree, unmount
-from ..runtime.runsc import Runsc, runsc_processes
+from ..runtime.driver import Driver, check_runtime, no_snapshots
+from ..runtime.runc import Runc
+from ..runtime.runsc import Runsc
 from ..snapshots.store import SnapshotMeta, SnapshotStore, new_snapshot_id
 from ..types import SandboxInfo
 from ..volumes.store import VolumeStore, check_mount_path, check_name
 from .builder import Builder
 from .store import LIVE_STATES, Store
+from .metrics import Metrics
 from .warm import WarmPools
 
 log = logging.getLogger("rollbox.service")
@@ -122,6 +125,20 @@ def check_env(env: dict[str, str]) -> None:
             raise errors.InvalidArgument(f"environment variable name {k!r} is invalid: no '=', no NUL, not empty")
 
 
+def admission_limit() -> int:
+    """Concurrent boots/restores: `ROLLBOX_MAX_STARTS`, else 2 per CPU core (at least 2)."""
+    raw = os.environ.get("ROLLBOX_MAX_STARTS", "")
+    if raw:
+        try:
+            n = int(raw)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise errors.InvalidArgument(f"ROLLBOX_MAX_STARTS={raw!r} must be a positive integer")
+        return n
+    return max(2, 2 * (os.cpu_count() or 1))
+
+
 def new_sandbox_id() -> str:
     # 24 hex digits, one fixed length: runsc accepts id prefixes, so no id may prefix another.
     return "sb-" + secrets.token_hex(12)
@@ -153,12 +170,17 @@ class Live:
     workdir: str | None = None
     user: str | None = None
     disk_mib: int | None = None
+    runtime: str = "gvisor"
 
 
 class SandboxService:
-    def __init__(self, paths: Paths, runsc: Runsc, store: Store) -> None:
+    def __init__(self, paths: Paths, runsc: Runsc, store: Store, *, runc: Runc | None = None,
+                 max_starts: int | None = None) -> None:
         self.paths = paths
         self.runsc = runsc
+        self.runc = runc or Runc(paths.runc_root)
+        # The runtime drivers by name (driver.RUNTIMES): gVisor is the default.
+        self.drivers: dict[str, Driver] = {"gvisor": runsc, "runc": self.runc}
         self.store = store
         self.cg = paths.cgroup_parent
         self.images = ImageStore(paths.images)
@@ -178,9 +200,12 @@ class SandboxService:
         self._slots: dict[str, Slot] = {}
         self.warm = WarmPools(self)
         self.builder = Builder(self)
-        # Restores and boots are CPU-bound: a bounded number at once keeps each one fast and
-        # a fork(1024) from starting a thousand runsc processes together.
-        self._boots = asyncio.Semaphore(max(2, 2 * (os.cpu_count() or 1)))
+        # Admission control. Restores and boots are CPU-bound: a bounded number at once keeps
+        # each one fast and a fork(1024) or a map at 64 from starting them all together (they
+        # queue here instead, and time out nowhere).
+        self.max_starts = max_starts or admission_limit()
+        self._boots = asyncio.Semaphore(self.max_starts)
+        self.metrics = Metrics(self)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---- helpers -------------------------------------------------------------------------
@@ -246,7 +271,7 @@ class SandboxService:
                     volumes: list[dict[str, str]] | None = None, tags: dict[str, str] | None = None,
                     resume: bool = False, net: NetworkSpec | None = None,
                     host_ports: dict[int, int] | None = None, gpus: list[Gpu] | None = None,
-                    privileged: bool = False, disk_mib: int | None = None) -> SandboxInfo:
+                    privileged: bool = False, disk_mib: int | None = None, runtime: str = "gvisor") -> SandboxInfo:
         t0 = time.monotonic()
         check_limits(cpu, memory_mib)
         check_env(env)
@@ -260,19 +285,23 @@ class SandboxService:
         # The sandbox's row exists only once it runs: count its volumes as in use meanwhile.
         with in_use(self._volume_users, [v["name"] for v in volumes]):
             binds = tuple((str(self.volumes.ensure(v["name"])), v["mount_path"]) for v in volumes)
-            async with self._boots:
-                return await self._start(sandbox_id=sandbox_id, image_id=image_id, cpu=cpu, memory_mib=memory_mib,
-                                         env=env, keep_warm_seconds=keep_warm_seconds, snapshot=snapshot,
-                                         fork_index=fork_index, volumes=volumes, tags=tags, resume=resume,
-                                         binds=binds, t0=t0, net=net, host_ports=host_ports or {},
-                                         gpus=gpus or [], privileged=privileged, disk_mib=disk_mib)
+            kind = "create" if snapshot is None else ("resume" if resume else "restore")
+            with self.metrics.start(runtime, kind) as timer:
+                async with self._boots:
+                    timer.admitted()
+                    return await self._start(sandbox_id=sandbox_id, image_id=image_id, cpu=cpu,
+                                             memory_mib=memory_mib, env=env, keep_warm_seconds=keep_warm_seconds,
+                                             snapshot=snapshot, fork_index=fork_index, volumes=volumes, tags=tags,
+                                             resume=resume, binds=binds, t0=t0, net=net,
+                                             host_ports=host_ports or {}, gpus=gpus or [], privileged=privileged,
+                                             disk_mib=disk_mib, runtime=runtime)
 
     async def _start(self, *, sandbox_id: str, image_id: str, cpu: float, memory_mib: int,
                          env: dict[str, str], keep_warm_seconds: float | None, snapshot: SnapshotMeta | None,
                          fork_index: int | None, volumes: list[dict[str, str]], tags: dict[str, str] | None,
                          resume: bool, binds: tuple[tuple[str, str], ...], t0: float,
                          net: NetworkSpec | None, host_ports: dict[int, int], gpus: list[Gpu],
-                         privileged: bool, disk_mib: int | None) -> SandboxInfo:
+                         privileged: bool, disk_mib: int | None, runtime: str = "gvisor") -> SandboxInfo:
         if disk_free_bytes(self.paths.home) < MIN_FREE_DISK:
             raise errors.ResourceExhausted(
                 f"less than {MIN_FREE_DISK >> 20} MiB free under {self.paths.home}: remove snapshots or images, or free disk")
@@ -280,6 +309,9 @@ class SandboxService:
         cid = container_id(sandbox_id)
         d = self.sandbox_dir(sandbox_id)
         d.mkdir(parents=True)
+        # Which runtime owns the container: teardown (also after a daemon crash) reads it here.
+        (d / "runtime").write_text(runtime)
+        driver = self.drivers[runtime]
         key = bytes.fromhex(snapshot.agent_key) if snapshot is not None else secrets.token_bytes(32)
         channel = AgentChannel(sandbox_id, d / "in", d / "out", key)
         slot: Slot | None = None
@@ -312,7 +344,7 @@ class SandboxService:
             sb_in, sb_out = open_for_sandbox(fin, fout)
             try:
                 if snapshot is None:
-                    res = await self.runsc.start_detached("run", cid, d, stdin_fd=sb_in, stdout_fd=sb_out,
+                    res = await driver.start_detached("run", cid, d, stdin_fd=sb_in, stdout_fd=sb_out,
                                                           log_path=d / "runsc.log", timeout=BOOT_TIMEOUT_S,
                                                           networked=slot is not None, gpu=bool(gpus),
                                                           privileged=privileged)
@@ -327,7 +359,7 @@ class SandboxService:
                 os.close(sb_out)
             if res.returncode != 0:
                 raise errors.SandboxLost(
-                    f"runsc could not start sandbox {sandbox_id} (exit {res.returncode}): "
+                    f"{'runsc' if runtime == 'gvisor' else runtime} could not start sandbox {sandbox_id} (exit {res.returncode}): "
                     f"{res.stderr.decode(errors='replace').strip()[-800:]}", sandbox_id=sandbox_id)
             if snapshot is None:
                 await channel.wait_ready(BOOT_TIMEOUT_S)
@@ -360,7 +392,7 @@ class SandboxService:
             raise
         cfg = self.images.meta(image_id).image_config
         lv = Live(sandbox_id, channel, image_id, cpu, memory_mib, env, keep_warm_seconds, volumes=volumes, key=key,
-                  net=net, workdir=cfg.working_dir, user=cfg.user, disk_mib=disk_mib)
+                  net=net, workdir=cfg.working_dir, user=cfg.user, disk_mib=disk_mib, runtime=runtime)
         self.live[sandbox_id] = lv
         now = time.time()
         net_cols = self._net_columns(sandbox_id, net)
@@ -372,7 +404,7 @@ class SandboxService:
                 sandbox_id=sandbox_id, state="running", image_id=image_id, created_at=now, cpu=cpu,
                 memory_mib=memory_mib, keep_warm_seconds=keep_warm_seconds,
                 snapshot_id=snapshot.snapshot_id if snapshot else None, fork_index=fork_index, ttfc_ms=ttfc_ms,
-                volumes=json.dumps(volumes), tags=json.dumps(tags or {}), **net_cols)
+                volumes=json.dumps(volumes), tags=json.dumps(tags or {}), runtime=runtime, **net_cols)
         self.watch(lv)
         return self.info(sandbox_id)
 
@@ -438,16 +470,32 @@ class SandboxService:
         return self.info(sandbox_id)
 
     @staticmethod
-    def _kill_container_processes(cid: str) -> None:
-        for pid, _role in runsc_processes(cid):
+    def _kill_container_processes(driver: Driver, cid: str) -> None:
+        for pid, _role in driver.processes(cid):
             try:
                 os.kill(pid, 9)
             except OSError:
                 pass
 
     @staticmethod
-    def _find_sandbox_pid(cid: str) -> int | None:
-        return next((pid for pid, role in runsc_processes(cid) if role == "sandbox"), None)
+    def _find_sandbox_pid(driver: Driver, cid: str) -> int | None:
+        return next((pid for pid, role in driver.processes(cid) if role == "sandbox"), None)
+
+    def driver_of(self, sandbox_id: str) -> Driver:
+        """The driver that owns a sandbox's container: from its directory's marker, its live
+        handle or row, or runc's state root; gVisor otherwise."""
+        try:
+            name = (self.sandbox_dir(sandbox_id) / "runtime").read_text().strip()
+        except OSError:
+            lv = self.live.get(sandbox_id)
+            row = None if lv is not None else self.store.get_row(sandbox_id)
+            if lv is not None:
+                name = lv.runtime
+            elif row is not None and "runtime" in row.keys():
+                name = row["runtime"]
+            else:
+                name = "runc" if (self.runc.root / container_id(sandbox_id) / "state.json").exists() else "gvisor"
+        return self.drivers.get(name, self.runsc)
 
     async def create(self, *, image_id: str, cpu: float = 1.0, memory_mib: int = 1024,
                      env: dict[str, str] | None = None, keep_warm_seconds: float | None = 600,
@@ -455,11 +503,16 @@ class SandboxService:
                      ports: list[int] | None = None, block_network: bool = True,
                      allow_list: list[str] | None = None, entrypoint: bool | None = None,
                      gpu: str | None = None, gpu_count: int = 1, docker_enabled: bool = False,
-                     disk_mib: int | None = None) -> SandboxInfo:
+                     disk_mib: int | None = None, runtime: str = "gvisor") -> SandboxInfo:
         """A fresh sandbox of `image_id`. The image's config applies: its Env under `env`, its
         WorkingDir and User for commands, and its Entrypoint + Cmd started as the main process
         when `entrypoint` is True, or None and the image declares one."""
         net = NetworkSpec.parse(ports, block_network, allow_list)  # validated before anything exists
+        check_runtime(runtime)
+        if runtime == "runc" and (gpu is not None or docker_enabled):
+            raise errors.InvalidArgument("runtime='runc' supports neither gpu= nor docker_enabled=True (both need "
+                                         "gVisor's nvproxy or its own kernel); use runtime='gvisor'")
+        self.drivers[runtime].check()  # RuntimeMissing with the install hint
         cfg = self.images.meta(image_id).image_config  # raises ImageNotFound
         main = [*(cfg.entrypoint or []), *(cfg.cmd or [])] if (entrypoint or (entrypoint is None and cfg.entrypoint)) else []
         if entrypoint and not main:
@@ -480,7 +533,7 @@ class SandboxService:
             vols.append({"name": check_name(v.get("name", "")), "mount_path": mp})
         info = await self._boot(sandbox_id=new_sandbox_id(), image_id=image_id, cpu=cpu, memory_mib=memory_mib,
                                 env=env, keep_warm_seconds=keep_warm_seconds, volumes=vols, tags=tags, net=net,
-                                gpus=gpus, privileged=docker_enabled, disk_mib=disk_mib)
+                                gpus=gpus, privileged=docker_enabled, disk_mib=disk_mib, runtime=runtime)
         if docker_enabled:
             # gVisor's documented Docker-in-gVisor set-up: no bridge or iptables (containers use
             # the sandbox's network), the vfs storage driver (no overlayfs inside).
@@ -511,6 +564,7 @@ class SandboxService:
         fresh restore. Either way nobody else has had it."""
         t0 = time.monotonic()
         sid = self.warm.take(snapshot_id)
+        self.metrics.warm_acquires.labels(result="miss" if sid is None else "hit").inc()
         if sid is not None:
             lv = self.live[sid]
             lv.keep_warm_seconds = keep_warm_seconds
@@ -536,6 +590,8 @@ class SandboxService:
         memory; returns the paused state's snapshot id (restorable into copies: branching)."""
         async with self._lock(sandbox_id):
             lv = self._live(sandbox_id)
+            if not self.drivers[lv.runtime].supports_snapshots:
+                raise no_snapshots(sandbox_id, "pause")
             if lv.busy:
                 raise errors.InvalidState(f"sandbox {sandbox_id} has {lv.busy} command(s) running; pause it when "
                                           "they return (background processes are fine)", sandbox_id=sandbox_id)
@@ -609,7 +665,7 @@ class SandboxService:
         sid = lv.sandbox_id
         lv.channel.on_lost = lambda reason: self._on_lost(sid, None, from_channel=True)
         if find_pid:
-            lv.pid = self._find_sandbox_pid(container_id(sid))
+            lv.pid = self._find_sandbox_pid(self.drivers.get(lv.runtime, self.runsc), container_id(sid))
         if lv.pid is not None:
             self.reaper.watch(lv.pid, lambda status: self._on_lost(sid, status))
 
@@ -711,9 +767,10 @@ class SandboxService:
     async def teardown_host(self, sandbox_id: str) -> None:
         cid = container_id(sandbox_id)
         d = self.sandbox_dir(sandbox_id)
+        driver = self.driver_of(sandbox_id)
         # `runsc delete` waits for the sandbox process to be reaped, and we are its reaper:
         # keep reaping while it runs (the pidfd watch reaps the sandbox process itself).
-        delete = asyncio.ensure_future(self.runsc.delete(cid))
+        delete = asyncio.ensure_future(driver.delete(cid))
         while not delete.done():
             self.reaper.sweep()
             await asyncio.wait({delete}, timeout=0.05)
@@ -726,9 +783,9 @@ class SandboxService:
         if failed:
             # Carry on whatever runsc says: kill what is left of the sandbox ourselves and
             # remove the rest, so a stuck runsc never leaks mounts, cgroups or directories.
-            log.warning("runsc delete %s failed (%s); killing its processes", cid, detail)
-            self._kill_container_processes(cid)
-            self.runsc.forget(cid)
+            log.warning("%s delete %s failed (%s); killing its processes", driver.name, cid, detail)
+            self._kill_container_processes(driver, cid)
+            driver.forget(cid)
         self.reaper.sweep()
         await self.net.ports.close(sandbox_id)
         slot = self._slots.pop(sandbox_id, None)
@@ -780,7 +837,11 @@ class SandboxService:
         finally:
             lv.busy -= 1
             lv.last_active = time.monotonic()
-        reply["oom_killed"] = False
+            self.metrics.exec_seconds.observe(time.monotonic() - started)
+        # On runc the kernel OOM-kills the process, not the sandbox (gVisor's limit covers its
+        # kernel too): a SIGKILLed command in a cgroup that saw an OOM kill ran out of memory.
+        reply["oom_killed"] = (lv.runtime == "runc" and reply.get("exit_code") in (-9, 137)
+                               and cgroups.oom_killed(container_id(sandbox_id), self.cg))
         return reply
 
     async def _agent(self, sandbox_id: str, op: str, **fields: Any) -> dict[str, Any]:
@@ -816,6 +877,8 @@ class SandboxService:
             raise errors.InvalidArgument(f"ttl={ttl_s} must be a positive number of seconds, or None to keep it")
         if lv is None:
             lv = await self._running(sandbox_id)
+        if not self.drivers[lv.runtime].supports_snapshots:
+            raise no_snapshots(sandbox_id, "a memory snapshot")
         sid = new_snapshot_id()
         d = self.snapshots.dir(sid)
         d.mkdir(parents=True)

@@ -75,6 +75,7 @@ MIGRATIONS = [
     ("sandboxes", "network", "TEXT"),
     ("sandboxes", "urls", "TEXT NOT NULL DEFAULT '{}'"),
     ("sandboxes", "host_ports", "TEXT NOT NULL DEFAULT '{}'"),
+    ("sandboxes", "runtime", "TEXT NOT NULL DEFAULT 'gvisor'"),
 ]
 
 LIVE_STATES = ("starting", "running", "terminating")

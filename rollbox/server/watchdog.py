@@ -49,7 +49,7 @@ async def recover(svc: SandboxService) -> dict[str, int]:
     svc.reaper.start()
     reattached = cleaned = 0
     keep_slots: dict[int, object] = {}
-    running = set(await svc.runsc.list_ids())
+    running = set(await svc.runsc.list_ids()) | set(await svc.runc.list_ids())
     for row in svc.store.list_rows(("paused",)):
         try:
             svc.snapshots.meta(row["paused_snapshot_id"] or "sn-missing")
@@ -79,7 +79,7 @@ async def recover(svc: SandboxService) -> dict[str, int]:
                 ch.close("unreachable after a daemon restart")
         if ok:
             lv = Live(sid, ch, row["image_id"], row["cpu"], row["memory_mib"], {}, row["keep_warm_seconds"],
-                      volumes=json.loads(row["volumes"] or "[]"), key=key)
+                      volumes=json.loads(row["volumes"] or "[]"), key=key, runtime=row["runtime"])
             # Idle time while the daemon was down counts towards keep_warm_seconds.
             lv.last_active = time.monotonic() - max(0.0, time.time() - row["last_active_at"])
             if row["net_slot"] is not None:

@@ -88,6 +88,8 @@ def host_traces(paths: Paths, sandbox_id: str) -> list[str]:
     if (paths.runsc_root / f"runsc-{cid}.sock").exists() or any(
             p.name.startswith(cid) for p in paths.runsc_root.glob("*")):
         out.append("runsc state")
+    if (paths.runc_root / cid).exists():
+        out.append("runc state")
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:

@@ -18,6 +18,9 @@ def test_no_leftovers_after_suite(paths) -> None:
     out = subprocess.run(["runsc", "--root", str(paths.runsc_root), "list", "-quiet"],
                          capture_output=True, text=True).stdout.split()
     assert out == [], f"runsc containers left: {out}"
+    runc = subprocess.run(["runc", "--root", str(paths.runc_root), "list", "-q"],
+                          capture_output=True, text=True).stdout.split()
+    assert runc == [], f"runc containers left: {runc}"
     assert os.listdir(paths.sandboxes) == []
     with open("/proc/self/mounts") as f:
         assert [line for line in f if str(paths.sandboxes) in line] == []

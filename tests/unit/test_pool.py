@@ -313,3 +313,80 @@ def test_concurrency_bound(backend, client):
 
 def test_empty_tasks(backend, client):
     assert run(client, lambda sb, t: 1, []) == []
+
+
+# ---- streaming: submit / as_completed / elastic warm pool ---------------------------------
+
+class RecordingClient(DummyClient):
+    def __init__(self) -> None:
+        super().__init__()
+        self.warm_counts: list[int] = []
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        if path.endswith("/warm") and method == "PUT":
+            self.warm_counts.append(kw["json"]["count"])
+        return super().request(method, path, **kw)
+
+
+def test_submit_returns_at_once_and_streams(backend):
+    client = RecordingClient()
+    gate = threading.Event()
+
+    def episode(sb, t):
+        gate.wait(10)
+        return t
+
+    with SandboxPool("sn-test", max_concurrency=4, client=client, fn=episode, warm=3,
+                     scale_down_after_s=0.1) as pool:
+        t0 = time.monotonic()
+        futs = [pool.submit(i) for i in range(10)]
+        assert time.monotonic() - t0 < 1.0 and not any(f.done() for f in futs)
+        assert pool.queue_depth() == 10
+        deadline = time.monotonic() + 5
+        while 3 not in client.warm_counts and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert client.warm_counts[0] >= 1 and max(client.warm_counts) == 3  # capped by warm=3
+        gate.set()
+        got = sorted(r.value for r in pool.as_completed(timeout=10))
+        assert got == list(range(10))
+        assert all(f.result().status == "ok" for f in futs)
+        # A late submit is streamed by the next as_completed.
+        late = pool.submit(99, fn=lambda sb, t: t + 1)
+        assert [r.value for r in pool.as_completed(timeout=10)] == [100]
+        assert late.result().value == 100
+        deadline = time.monotonic() + 5
+        while client.warm_counts[-1] != 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert client.warm_counts[-1] == 0  # scaled to zero once the queue drained
+        assert pool.queue_depth() == 0
+    assert len({i.sandbox_id for i in backend.created}) == 11  # a fresh sandbox per episode
+
+
+def test_submit_errors(backend, client):
+    pool = SandboxPool("sn-test", max_concurrency=2, client=client)
+    with pytest.raises(errors.InvalidArgument, match="episode function"):
+        pool.submit(1)
+    with pytest.raises(errors.InvalidArgument, match="retries"):
+        pool.submit(1, fn=lambda sb, t: t, retries=-1)
+    assert list(pool.as_completed()) == []
+    pool.close()
+    with pytest.raises(errors.InvalidState, match="closed"):
+        pool.submit(1, fn=lambda sb, t: t)
+
+
+def test_submitted_infra_errors_are_results(backend, client):
+    backend.fail_always = True
+    with SandboxPool("sn-test", max_concurrency=2, client=client, fn=lambda sb, t: t) as pool:
+        fut = pool.submit(1, retries=1)
+        (res,) = list(pool.as_completed(timeout=10))
+        assert res.status == "infra_error" and res.reward is None and res.attempts == 2
+        assert fut.result() is res
+
+
+def test_as_completed_timeout(backend, client):
+    gate = threading.Event()
+    with SandboxPool("sn-test", max_concurrency=1, client=client, fn=lambda sb, t: gate.wait(10)) as pool:
+        pool.submit(1)
+        with pytest.raises(TimeoutError, match="1 outstanding"):
+            next(pool.as_completed(timeout=0.2))
+        gate.set()

@@ -1,0 +1,186 @@
+"""The `runc` driver: the lighter isolation tier (namespaces + seccomp + cgroups, no gVisor).
+
+For trusted, lightweight environments (classic simulators) where a ~10-50 ms start and the
+host kernel's speed matter more than gVisor's user-space kernel. The sandbox's processes run on
+the host kernel: a kernel bug reachable through the allowed syscalls is a host compromise.
+The bundle is the same (host overlay rootfs, the agent as init on its stdio); `runc_spec`
+hardens it: no CAP_SYS_ADMIN, no new privileges, a Docker-default-style seccomp denylist,
+Docker's masked and read-only /proc paths, and the pids cgroup (not RLIMIT_NPROC, which on
+the host kernel counts every process of the host's root) against fork bombs.
+No memory snapshots: `runc checkpoint` needs CRIU, which fails on this kernel (PLATFORM.md).
+A networked sandbox joins its slot's namespace directly (runc needs none of runsc's tricks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..errors import RuntimeMissing, SandboxLost
+from .driver import RunResult
+
+INSTALL_HINT = "install runc (`apt-get install runc`, or run `make setup`)"
+
+# Syscalls Docker's default profile refuses to a container without extra capabilities
+# (moby/profiles/seccomp/default.json), denied with EPERM; clone3 gets ENOSYS so that libc
+# falls back to clone, filtered below.
+DENIED_SYSCALLS = [
+    "acct", "add_key", "bpf", "clock_adjtime", "clock_settime", "create_module", "delete_module",
+    "finit_module", "fanotify_init", "fsconfig", "fsmount", "fsopen", "fspick", "get_kernel_syms", "get_mempolicy",
+    "init_module", "ioperm", "iopl", "kcmp", "kexec_file_load", "kexec_load", "keyctl", "lookup_dcookie",
+    "mbind", "mount", "mount_setattr", "move_mount", "move_pages", "name_to_handle_at", "nfsservctl",
+    "open_by_handle_at", "open_tree", "perf_event_open", "pivot_root", "process_vm_readv", "process_vm_writev",
+    "ptrace", "query_module", "quotactl", "reboot", "request_key", "set_mempolicy", "setns", "settimeofday",
+    "stime", "swapoff", "swapon", "sysfs", "_sysctl", "syslog", "umount", "umount2", "unshare", "uselib",
+    "userfaultfd", "ustat", "vm86", "vm86old", "io_uring_setup", "io_uring_enter", "io_uring_register",
+]
+CLONE_NEWUSER = 0x10000000
+MASKED_PATHS = ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+                "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware",
+                "/sys/devices/virtual/powercap"]
+READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+RUNC_PIDS = 1024
+
+
+def seccomp_profile() -> dict[str, Any]:
+    """A denylist in the spirit of Docker's default profile (EPERM for the refused syscalls)."""
+    eperm = 1  # errnoRet
+    return {
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+        "syscalls": [
+            {"names": DENIED_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": eperm},
+            {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38},  # ENOSYS
+            # clone with CLONE_NEWUSER (the other namespace flags already need CAP_SYS_ADMIN,
+            # which the sandbox lacks): (flags & CLONE_NEWUSER) == CLONE_NEWUSER.
+            {"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": eperm,
+             "args": [{"index": 0, "value": CLONE_NEWUSER, "valueTwo": CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}]},
+        ],
+    }
+
+
+def runc_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """The gVisor bundle's OCI spec, hardened for a sandbox on the host kernel."""
+    spec = json.loads(json.dumps(spec))  # a deep copy
+    proc = spec["process"]
+    caps = [c for c in proc["capabilities"]["bounding"] if c != "CAP_SYS_ADMIN"]
+    proc["capabilities"] = {k: caps for k in ("bounding", "effective", "permitted")}
+    proc["noNewPrivileges"] = True
+    # runc sets rlimits from the host side: no higher than the daemon's own hard limit
+    # (raising it needs a capability this host may withhold).
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    proc["rlimits"] = [
+        {**r, "hard": min(r["hard"], hard), "soft": min(r["soft"], hard)} if r["type"] == "RLIMIT_NOFILE" else r
+        for r in proc["rlimits"] if r["type"] != "RLIMIT_NPROC"]
+    proc["env"] = [e for e in proc["env"] if not e.startswith("ROLLBOX_PRIVILEGED=")]
+    spec["mounts"] = [m for m in spec["mounts"] if m["destination"] != "/sys/fs/cgroup"] + [
+        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
+        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+         "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
+    ]
+    linux = spec["linux"]
+    linux["seccomp"] = seccomp_profile()
+    linux["maskedPaths"] = MASKED_PATHS
+    linux["readonlyPaths"] = READONLY_PATHS
+    linux.pop("devices", None)
+    pids = linux["resources"].get("pids", {}).get("limit", RUNC_PIDS)
+    linux["resources"]["pids"] = {"limit": min(pids, RUNC_PIDS)}
+    return spec
+
+
+def harden_bundle(bundle: Path) -> None:
+    """Rewrites `bundle/config.json` (written by bundle.write_bundle) with `runc_spec`."""
+    path = bundle / "config.json"
+    path.write_text(json.dumps(runc_spec(json.loads(path.read_text())), indent=1))
+
+
+class Runc:
+    """Runs runc verbs against one state root (`--root`). Safe to share between tasks."""
+
+    name = "runc"
+    supports_snapshots = False
+
+    def __init__(self, root: Path, *, binary: str | None = None) -> None:
+        self.root = root
+        self.binary = binary or shutil.which("runc") or ""
+
+    def check(self) -> None:
+        if not self.binary or not os.access(self.binary, os.X_OK):
+            raise RuntimeMissing(f"runc is not installed: {INSTALL_HINT}")
+
+    def argv(self, *verb: str) -> list[str]:
+        self.check()
+        return [self.binary, "--root", str(self.root), *verb]
+
+    async def run(self, *verb: str, timeout: float = 60.0) -> RunResult:
+        proc = await asyncio.create_subprocess_exec(
+            *self.argv(*verb), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise SandboxLost(f"`runc {' '.join(verb)}` did not finish in {timeout:.0f} s") from None
+        return RunResult(proc.returncode or 0, out, err)
+
+    async def start_detached(self, verb: str, container_id: str, bundle: Path, *, stdin_fd: int, stdout_fd: int,
+                             log_path: Path, extra: tuple[str, ...] = (), networked: bool = False,
+                             gpu: bool = False, privileged: bool = False, timeout: float = 60.0) -> RunResult:
+        """`runc run -d`: the container's init inherits stdin/stdout (pass-through stdio).
+
+        Only `run`: runc has no restore here. networked: the spec already names the namespace
+        to join. gpu and privileged are refused earlier (the service validates them).
+        """
+        if verb != "run":
+            raise ValueError(f"runc driver cannot {verb!r}")
+        harden_bundle(bundle)
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *self.argv("run", "-d", "--bundle", str(bundle), container_id),
+                stdin=stdin_fd, stdout=stdout_fd, stderr=log, start_new_session=True)
+        try:
+            rc = await asyncio.wait_for(proc.wait(), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise SandboxLost(f"`runc run` of {container_id} did not finish in {timeout:.0f} s") from None
+        tail = log_path.read_bytes()[-2000:] if log_path.exists() else b""
+        return RunResult(rc, b"", tail)
+
+    async def delete(self, container_id: str) -> RunResult:
+        return await self.run("delete", "--force", container_id, timeout=20)
+
+    def forget(self, container_id: str) -> None:
+        shutil.rmtree(self.root / container_id, ignore_errors=True)
+
+    async def list_ids(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if (p / "state.json").is_file())
+
+    def processes(self, container_id: str) -> list[tuple[int, str]]:
+        """The container's init ("sandbox", from runc's state file) and every other process in
+        its pids cgroup ("process")."""
+        out: list[tuple[int, str]] = []
+        try:
+            state = json.loads((self.root / container_id / "state.json").read_text())
+        except (OSError, ValueError):
+            return out
+        init = int(state.get("init_process_pid") or 0)
+        if init and os.path.exists(f"/proc/{init}"):
+            out.append((init, "sandbox"))
+        procs = Path(state.get("cgroup_paths", {}).get("pids", "")) / "cgroup.procs"
+        try:
+            out += [(int(p), "process") for p in procs.read_text().split() if int(p) != init]
+        except (OSError, ValueError):
+            pass
+        return out
