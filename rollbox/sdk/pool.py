@@ -27,6 +27,7 @@ from typing import Any
 
 from .. import errors
 from ..client.transport import Client
+from ..distributed import resolve_backend
 from ..types import EpisodeResult
 from .sandbox import Sandbox, SandboxInstance, default_client
 
@@ -53,12 +54,16 @@ class SandboxPool:
         warm: sandboxes the daemon keeps restored ahead of demand while the pool is open
             (0: none). Handing one out skips the ~200 ms restore; each is still used once.
         warm_idle_seconds: a warm pool unused this long drains to zero (and refills on use).
+        backend: "local" (this machine's daemon) or "ray" (episodes scheduled over a Ray
+            cluster, one daemon per node: rollbox.distributed); None: "ray" after
+            `rollbox.init()`, else "local".
 
     Use as a context manager or call `close()`; closing waits for teardowns in flight.
     """
 
     def __init__(self, snapshot_id: str, max_concurrency: int = 16, *, keep_warm_seconds: float | None = 600,
-                 warm: int = 0, warm_idle_seconds: float = 300.0, client: Client | None = None) -> None:
+                 warm: int = 0, warm_idle_seconds: float = 300.0, client: Client | None = None,
+                 backend: str | None = None) -> None:
         if max_concurrency < 1:
             raise errors.InvalidArgument(f"max_concurrency={max_concurrency} must be >= 1")
         self.snapshot_id = snapshot_id
@@ -78,6 +83,10 @@ class SandboxPool:
         self.warm_idle_seconds = warm_idle_seconds
         self._warm_set = False
         self._aborted = False
+        self._remote = None
+        if resolve_backend(backend) == "ray":
+            from ..distributed import backend as ray_backend, config
+            self._remote = ray_backend.RayPool(self, config())
 
     def __enter__(self) -> "SandboxPool":
         return self
@@ -107,6 +116,9 @@ class SandboxPool:
     def close(self) -> None:
         """Waits for teardowns in flight, then terminates any sandbox of this pool still alive."""
         self._reaper.shutdown(wait=True)
+        if self._remote is not None:
+            self._remote.close()
+            return
         if self._warm_set:
             try:
                 self._client.request("PUT", f"/snapshots/{self.snapshot_id}/warm", json={"count": 0})
@@ -211,6 +223,9 @@ class SandboxPool:
         Raises:
             SnapshotNotFound: the snapshot id is unknown (raised before any episode runs).
         """
+        if self._remote is not None:
+            yield from self._remote.map(fn, tasks, timeout=timeout, retries=retries, ordered=ordered, progress=progress)
+            return
         items = list(tasks)
         if retries < 0:
             raise errors.InvalidArgument(f"retries={retries} must be >= 0")
