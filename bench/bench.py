@@ -447,6 +447,31 @@ def pool_episodes_per_s(snap: str, concurrency: int, n: int) -> tuple[float, int
     return n / dt, bad
 
 
+def ray_vs_local(snap: str, concurrency: int = 4, n: int = 32) -> dict[str, float] | None:
+    """Episodes/s of the same batch through the local pool and the Ray backend on one machine
+    (a local one-node Ray whose node actor adopts this run's daemon), interleaved twice;
+    None when Ray is not installed. Target: ray >= 0.8x local."""
+    try:
+        import ray
+    except ImportError:
+        log("ray not installed: skipping local vs ray")
+        return None
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=str(WORK / "ray"))
+    try:
+        rates: dict[str, list[float]] = {"local": [], "ray": []}
+        for _ in range(2):
+            for backend in ("local", "ray"):
+                t0 = time.perf_counter()
+                with SandboxPool(snap, max_concurrency=concurrency, backend=backend) as pool:
+                    ok = sum(r.status == "ok" for r in pool.map(trivial_episode, range(n), progress=False))
+                rates[backend].append(ok / (time.perf_counter() - t0))
+    finally:
+        ray.shutdown()
+    local, remote = max(rates["local"]), max(rates["ray"])
+    log(f"local vs ray c={concurrency}: {local:.2f} vs {remote:.2f} eps/s")
+    return {"local_eps": r(local, 2), "ray_eps": r(remote, 2), "ratio": r(remote / local, 2)}
+
+
 # ---- memory ------------------------------------------------------------------------------------
 
 def _cmdline(pid: str) -> bytes:
@@ -680,6 +705,9 @@ def print_table(res: dict[str, Any], m: dict[str, Any]) -> None:
         raw = res.get(f"raw_runsc_episodes_per_s_c{c}")
         rows.append((f"episodes/s c={c} ({n} eps)", f"{res[f'episodes_per_s_c{c}']}",
                      "-" if raw is None else f"{raw}", "raw: mount+restore+exec+delete"))
+    if m.get("ray"):
+        rows.append(("episodes/s c=4, local vs Ray", f"{m['ray']['local_eps']} vs {m['ray']['ray_eps']}", "-",
+                     f"ratio {m['ray']['ratio']} (target >= 0.8)"))
     rows += [
         (f"idle MiB/sandbox PSS ({IDLE_N})", f"{res['idle_mib']}", f"{res['raw_runsc_idle_mib']}",
          f"procs: {m['idle'].procs} vs {m['raw_idle'].procs}"),
@@ -790,6 +818,7 @@ def measure(tr: Tracker, raw: RawRunsc) -> dict[str, Any]:
     for c, n in POOL_RUNS:
         m["pool"][c] = pool_episodes_per_s(snap, c, n)
         log(f"pool c={c}: {m['pool'][c][0]:.2f} eps/s ({m['pool'][c][1]} not ok)")
+    m["ray"] = ray_vs_local(snap)
     m["raw_eps"] = {}
     for c, n in RAW_EPISODE_RUNS:
         m["raw_eps"][c] = raw_episodes_per_s(raw, image, c, n)

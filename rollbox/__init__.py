@@ -29,6 +29,7 @@ from .errors import (  # noqa: E402
     UnsupportedOperation,
     VolumeNotFound,
 )
+from .distributed import init  # noqa: E402
 from .sdk.function import Function, FunctionError, function  # noqa: E402
 from .sdk.image import Image  # noqa: E402
 from .sdk.pool import SandboxPool  # noqa: E402
@@ -72,4 +73,5 @@ __all__ = [
     "VolumeNotFound",
     "__version__",
     "function",
+    "init",
 ]

@@ -123,6 +123,7 @@ class EpisodeResult:
         wall_s: seconds from the first attempt's start to the result.
         error: a one-line description of the failure, if any.
         ttfc_ms: milliseconds from asking for the sandbox to its first command being possible.
+        node: where the last attempt ran: the Ray node id on the Ray backend, "local" otherwise.
     """
 
     index: int
@@ -135,3 +136,4 @@ class EpisodeResult:
     error: str | None = None
     ttfc_ms: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    node: str = "local"

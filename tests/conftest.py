@@ -51,7 +51,7 @@ def _provision_base_image() -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _test_home(request: pytest.FixtureRequest) -> Iterator[Path]:
-    needs_system = any(("tests/system" in str(item.fspath) or "tests/security" in str(item.fspath))
+    needs_system = any(any(f"tests/{tier}" in str(item.fspath) for tier in ("system", "security", "distributed"))
                        for item in request.session.items)
     if needs_system and os.geteuid() == 0:
         _provision_base_image()

@@ -31,6 +31,7 @@ import cloudpickle
 
 from .. import errors
 from ..client.transport import Client
+from ..distributed import resolve_backend
 from .image import Image
 from .pool import SandboxPool
 from .sandbox import Sandbox, SandboxInstance
@@ -89,6 +90,7 @@ class FunctionSpec:
     retries: int = 1
     gpu: str | None = None
     gpu_count: int = 1
+    backend: str | None = None  # "local" | "ray"; None: rollbox.init() decides
 
 
 class FunctionCall(Generic[R]):
@@ -209,6 +211,12 @@ class Function(Generic[R]):
             FunctionTimeout: it ran past `timeout` (its sandbox was killed). ResourceExhausted:
             out of memory. ResourceUnavailable: `gpu=` on a machine without one.
         """
+        if resolve_backend(self.spec.backend) == "ray":
+            from ..distributed import backend as ray_backend, config
+            return ray_backend.call_function(config(), self, args, kwargs)  # type: ignore[no-any-return]
+        return self._remote_local(*args, **kwargs)
+
+    def _remote_local(self, *args: Any, **kwargs: Any) -> R:
         with self._sandbox().create() as sb:
             self._load(sb)
             return self._run(sb, args, kwargs)
@@ -242,8 +250,9 @@ class Function(Generic[R]):
         finally:
             prep.terminate()
         client = self._client
+        pool: SandboxPool | None = None
         try:
-            with SandboxPool(snap, max_concurrency=max_concurrency, client=client) as pool:
+            with SandboxPool(snap, max_concurrency=max_concurrency, client=client, backend=self.spec.backend) as pool:
                 def call(sb: SandboxInstance, x: Any) -> Any:
                     try:
                         return {"ok": True, "v": self._run(sb, (x,), {})}
@@ -270,6 +279,8 @@ class Function(Generic[R]):
                         raise err
                     yield err
         finally:
+            if pool is not None and pool._remote is not None:
+                pool._remote.delete_snapshot(snap)  # the copies shipped to the Ray nodes
             try:
                 (client or _default()).request("DELETE", f"/snapshots/{snap}")
             except errors.RollboxError:
@@ -284,7 +295,7 @@ def _default() -> Client:
 def function(fn: Callable[..., R] | None = None, *, image: Image | None = None, cpu: float = 1.0,
              memory: int = 1024, volumes: Iterable[Volume] = (), env: dict[str, str] | None = None,
              timeout: float | None = 600.0, retries: int = 1, gpu: str | None = None, gpu_count: int = 1,
-             client: Client | None = None) -> Any:
+             client: Client | None = None, backend: str | None = None) -> Any:
     """Decorator: `@function` or `@function(cpu=2.0, memory=2048, volumes=[...], timeout=60)`.
 
     Args:
@@ -295,11 +306,14 @@ def function(fn: Callable[..., R] | None = None, *, image: Image | None = None, 
         gpu: None, "any", or a model ("H100", "A100", "L4", ...): each call's sandbox gets
             `gpu_count` NVIDIA GPUs through gVisor's nvproxy. On a machine without a matching
             GPU the call raises ResourceUnavailable (never a silent CPU run).
+        backend: "local" (this machine) or "ray" (calls run on the nodes of a Ray cluster:
+            `.remote` on one node, `.map` over all, from a snapshot prepared here and shipped
+            once per node); None: "ray" after `rollbox.init()`, else "local".
     """
     if timeout is not None and timeout <= 0:
         raise errors.InvalidArgument(f"timeout={timeout} must be a positive number of seconds or None")
     spec = FunctionSpec(image or Image.debian(), cpu, memory, tuple(volumes), dict(env or {}), timeout, retries,
-                        gpu, gpu_count)
+                        gpu, gpu_count, resolve_backend(backend) if backend is not None else None)
 
     def wrap(f: Callable[..., R]) -> Function[R]:
         return Function(f, spec, client)

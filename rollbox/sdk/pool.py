@@ -35,6 +35,7 @@ from typing import Any
 
 from .. import errors
 from ..client.transport import Client
+from ..distributed import resolve_backend
 from ..types import EpisodeResult
 from .sandbox import Sandbox, SandboxInstance, default_client
 
@@ -64,13 +65,17 @@ class SandboxPool:
         fn: the default episode function of `submit` (`fn(sandbox, task)`), or None.
         scale_down_after_s: while streaming, seconds the queue must stay shallower before the
             warm pool is shrunk (avoids churning spares between bursts of submits).
+        backend: "local" (this machine's daemon) or "ray" (episodes scheduled over a Ray
+            cluster, one daemon per node: rollbox.distributed); None: "ray" after
+            `rollbox.init()`, else "local".
 
     Use as a context manager or call `close()`; closing waits for teardowns in flight.
     """
 
     def __init__(self, snapshot_id: str, max_concurrency: int = 16, *, keep_warm_seconds: float | None = 600,
                  warm: int = 0, warm_idle_seconds: float = 300.0, client: Client | None = None,
-                 fn: Callable[[SandboxInstance, Any], Any] | None = None, scale_down_after_s: float = 2.0) -> None:
+                 fn: Callable[[SandboxInstance, Any], Any] | None = None, scale_down_after_s: float = 2.0,
+                 backend: str | None = None) -> None:
         if max_concurrency < 1:
             raise errors.InvalidArgument(f"max_concurrency={max_concurrency} must be >= 1")
         self.snapshot_id = snapshot_id
@@ -93,6 +98,10 @@ class SandboxPool:
         self.fn = fn
         self.scale_down_after_s = scale_down_after_s
         self._stream: _Stream | None = None
+        self._remote = None
+        if resolve_backend(backend) == "ray":
+            from ..distributed import backend as ray_backend, config
+            self._remote = ray_backend.RayPool(self, config())
 
     def __enter__(self) -> "SandboxPool":
         return self
@@ -125,6 +134,9 @@ class SandboxPool:
             self._stream.close()
             self._stream = None
         self._reaper.shutdown(wait=True)
+        if self._remote is not None:
+            self._remote.close()
+            return
         if self._warm_set:
             try:
                 self._client.request("PUT", f"/snapshots/{self.snapshot_id}/warm", json={"count": 0})
@@ -229,6 +241,9 @@ class SandboxPool:
         Raises:
             SnapshotNotFound: the snapshot id is unknown (raised before any episode runs).
         """
+        if self._remote is not None:
+            yield from self._remote.map(fn, tasks, timeout=timeout, retries=retries, ordered=ordered, progress=progress)
+            return
         items = list(tasks)
         if retries < 0:
             raise errors.InvalidArgument(f"retries={retries} must be >= 0")
