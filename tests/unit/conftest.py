@@ -22,6 +22,7 @@ import pytest
 import rollbox.runtime.agent.agent as agent_module
 
 AGENT_PATH = Path(agent_module.__file__)
+NATIVE_AGENT_PATH = AGENT_PATH.parent / "rollbox-agent"  # built by `make agent`
 MARK = "ROLLBOX_EXEC_MARK"
 _HDR = struct.Struct(">I")
 
@@ -59,15 +60,24 @@ def pids_with_cmdline(argv: list[str]) -> list[int]:
     return out
 
 
+def agent_command(kind: str) -> list[str]:
+    """How to run one agent on the host: "python" (agent.py) or "native" (the Rust binary)."""
+    if kind == "native":
+        return [str(NATIVE_AGENT_PATH)]
+    return [sys.executable, "-u", "-S", str(AGENT_PATH)]
+
+
 class AgentProcess:
-    """Drives agent.py as a plain host subprocess over its stdin/stdout pipes.
+    """Drives an agent (agent.py or the native binary) as a plain host subprocess over its
+    stdin/stdout pipes.
 
     Replies are demultiplexed by `id` by a reader thread, so requests may overlap.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str = "python") -> None:
+        self.kind = kind
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-S", str(AGENT_PATH)],
+            agent_command(kind),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True,
         )
@@ -205,9 +215,11 @@ class AgentProcess:
                 pass
 
 
-@pytest.fixture
-def agent():
-    a = AgentProcess()
+@pytest.fixture(params=["python", "native"])
+def agent(request):
+    if request.param == "native" and not os.access(NATIVE_AGENT_PATH, os.X_OK):
+        pytest.skip("the native agent is not built (`make agent` needs cargo)")
+    a = AgentProcess(request.param)
     try:
         yield a
     finally:
