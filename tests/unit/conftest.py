@@ -179,6 +179,14 @@ class AgentProcess:
             reply["stderr_raw"] = base64.b64decode(reply["stderr"])
         return reply
 
+    def exec_as(self, argv: list[str], *, user: str, wait: float = 15.0) -> dict[str, Any]:
+        """An exec as the image's `User` would run it (a name, uid, name:group or uid:gid)."""
+        return self.wait_reply(self.send("exec", argv=argv, user=user, env={}), wait)
+
+    def exec_as(self, argv: list[str], *, user: str, wait: float = 15.0) -> dict[str, Any]:
+        """An exec as the image's `User` would run it (a name, uid, name:group or uid:gid)."""
+        return self.wait_reply(self.send("exec", argv=argv, user=user, env={}), wait)
+
     def mark_prefix(self) -> bytes:
         """Every exec of this agent carries MARK=<agent pid>-<random token>."""
         return f"{MARK}={self.pid}-".encode()
@@ -220,6 +228,17 @@ def agent(request):
     if request.param == "native" and not os.access(NATIVE_AGENT_PATH, os.X_OK):
         pytest.skip("the native agent is not built (`make agent` needs cargo)")
     a = AgentProcess(request.param)
+    try:
+        yield a
+    finally:
+        a.close()
+
+
+@pytest.fixture
+def native(request):
+    if not os.access(NATIVE_AGENT_PATH, os.X_OK):
+        pytest.skip("the native agent is not built (`make agent` needs cargo)")
+    a = AgentProcess("native")
     try:
         yield a
     finally:

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import base64
+import os
+import struct
+import base64
+import os
+import struct
 import subprocess
 import sys
 import textwrap
+import time
+import time
 
 import pytest
 
@@ -129,17 +137,6 @@ def test_oversized_frame_ends_the_agent(agent):
 
 
 # ---- the native agent only -------------------------------------------------------------------
-
-
-@pytest.fixture
-def native(request):
-    if not os.access(NATIVE_AGENT_PATH, os.X_OK):
-        pytest.skip("the native agent is not built (`make agent` needs cargo)")
-    a = AgentProcess("native")
-    try:
-        yield a
-    finally:
-        a.close()
 
 
 def test_native_timeout_holds_when_the_command_closed_its_output(native):
