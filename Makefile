@@ -7,7 +7,7 @@ STAMPS := .stamps
 ROLLBOX_HOME ?= /var/lib/rollbox
 export ROLLBOX_HOME
 
-.PHONY: setup host venv base-image demo test test-unit test-system bench bench-quick soak gpu-check clean-state doctor typecheck
+.PHONY: setup host venv agent base-image demo test test-unit test-system bench bench-quick soak gpu-check clean-state doctor typecheck
 
 setup: host venv base-image
 
@@ -21,7 +21,25 @@ $(STAMPS)/venv: pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $@
 
-venv: host $(STAMPS)/venv
+venv: host $(STAMPS)/venv agent
+
+# The native in-sandbox agent (PID 1 of every sandbox), a static binary next to agent.py so
+# that it is visible in sandboxes at /.rollbox/rollbox-agent. Without cargo, sandboxes use
+# agent.py (which needs python3 in the image). Cargo's own incremental build makes it cheap.
+AGENT_SRC := rollbox/runtime/agent/native
+AGENT_BIN := rollbox/runtime/agent/rollbox-agent
+AGENT_TARGET := x86_64-unknown-linux-gnu
+
+agent:
+	@if command -v cargo >/dev/null 2>&1; then \
+	  RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR=$(CURDIR)/build/agent-target \
+	    cargo build --quiet --release --offline --target $(AGENT_TARGET) --manifest-path $(AGENT_SRC)/Cargo.toml && \
+	  install -m 0755 build/agent-target/$(AGENT_TARGET)/release/rollbox-agent $(AGENT_BIN).tmp && \
+	  mv -f $(AGENT_BIN).tmp $(AGENT_BIN); \
+	else echo "cargo not found: sandboxes will use the Python agent (images need python3)"; fi
+
+test-agent: agent
+	CARGO_TARGET_DIR=$(CURDIR)/build/agent-target cargo test --quiet --offline --manifest-path $(AGENT_SRC)/Cargo.toml
 
 base-image: host venv
 	$(VENV)/bin/rollbox image build-base
@@ -37,6 +55,7 @@ test: setup
 
 test-unit: venv
 	$(VENV)/bin/python -m pytest tests/unit -q
+	CARGO_TARGET_DIR=$(CURDIR)/build/agent-target cargo test --quiet --offline --manifest-path $(AGENT_SRC)/Cargo.toml || ! command -v cargo >/dev/null
 
 test-system: setup
 	$(VENV)/bin/python -m pytest tests/system -q

@@ -6,11 +6,38 @@ Spec: https://github.com/opencontainers/runtime-spec/blob/main/config.md (versio
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 AGENT_DIR = Path(__file__).parent / "agent"
 AGENT_MOUNT = "/.rollbox"
+# The native agent (agent/native, built by `make agent`): a static binary, so images need no
+# Python. Without it (no cargo on this machine) sandboxes run agent.py under the image's python3.
+NATIVE_AGENT = "rollbox-agent"
+AGENTS = ("native", "python")
+
+
+def default_agent(agent_dir: Path = AGENT_DIR) -> str:
+    """"native" when the built binary is in `agent_dir`, else "python". `ROLLBOX_AGENT`
+    (native|python) in the daemon's environment overrides it, e.g. to compare the two."""
+    forced = os.environ.get("ROLLBOX_AGENT", "")
+    if forced in AGENTS:
+        return forced
+    return "native" if os.access(agent_dir / NATIVE_AGENT, os.X_OK) else "python"
+
+
+def agent_argv(agent: str) -> list[str]:
+    """The sandbox's init command for `agent` ("native" or "python").
+
+    Raises:
+        ValueError: an unknown agent name.
+    """
+    if agent == "native":
+        return [f"{AGENT_MOUNT}/{NATIVE_AGENT}"]
+    if agent == "python":
+        return ["/usr/bin/python3", "-u", "-S", f"{AGENT_MOUNT}/agent.py"]
+    raise ValueError(f"agent={agent!r} must be one of {AGENTS}")
 # Docker's default capability set: root in the sandbox can chown, bind low ports, etc.
 DEFAULT_CAPS = [
     "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
@@ -58,6 +85,8 @@ class BundleSpec:
     devices: tuple[dict[str, object], ...] = ()
     # Docker inside the sandbox: every capability for its commands, and cgroupfs mounted.
     privileged: bool = False
+    # The init process: "native" (static binary, any image) or "python" (agent.py, needs python3).
+    agent: str = field(default_factory=default_agent)
 
 
 def oci_spec(spec: BundleSpec) -> dict[str, object]:
@@ -65,14 +94,14 @@ def oci_spec(spec: BundleSpec) -> dict[str, object]:
     env.update(spec.env)
     if spec.privileged:
         env["ROLLBOX_PRIVILEGED"] = "1"  # the agent then keeps CAP_SYS_ADMIN in the bounding set
-    # CAP_SYS_ADMIN for the agent alone: it drops it from the bounding set at start (agent.py).
+    # CAP_SYS_ADMIN for the agent alone: it drops it from the bounding set at start.
     caps = ALL_CAPS if spec.privileged else [*DEFAULT_CAPS, "CAP_SYS_ADMIN"]
     return {
         "ociVersion": "1.0.0",
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
-            "args": ["/usr/bin/python3", "-u", "-S", f"{AGENT_MOUNT}/agent.py"],
+            "args": agent_argv(spec.agent),
             "env": [f"{k}={v}" for k, v in env.items()],
             "cwd": "/",
             "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},

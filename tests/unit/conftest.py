@@ -22,6 +22,7 @@ import pytest
 import rollbox.runtime.agent.agent as agent_module
 
 AGENT_PATH = Path(agent_module.__file__)
+NATIVE_AGENT_PATH = AGENT_PATH.parent / "rollbox-agent"  # built by `make agent`
 MARK = "ROLLBOX_EXEC_MARK"
 _HDR = struct.Struct(">I")
 
@@ -59,15 +60,24 @@ def pids_with_cmdline(argv: list[str]) -> list[int]:
     return out
 
 
+def agent_command(kind: str) -> list[str]:
+    """How to run one agent on the host: "python" (agent.py) or "native" (the Rust binary)."""
+    if kind == "native":
+        return [str(NATIVE_AGENT_PATH)]
+    return [sys.executable, "-u", "-S", str(AGENT_PATH)]
+
+
 class AgentProcess:
-    """Drives agent.py as a plain host subprocess over its stdin/stdout pipes.
+    """Drives an agent (agent.py or the native binary) as a plain host subprocess over its
+    stdin/stdout pipes.
 
     Replies are demultiplexed by `id` by a reader thread, so requests may overlap.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str = "python") -> None:
+        self.kind = kind
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-S", str(AGENT_PATH)],
+            agent_command(kind),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True,
         )
@@ -169,6 +179,14 @@ class AgentProcess:
             reply["stderr_raw"] = base64.b64decode(reply["stderr"])
         return reply
 
+    def exec_as(self, argv: list[str], *, user: str, wait: float = 15.0) -> dict[str, Any]:
+        """An exec as the image's `User` would run it (a name, uid, name:group or uid:gid)."""
+        return self.wait_reply(self.send("exec", argv=argv, user=user, env={}), wait)
+
+    def exec_as(self, argv: list[str], *, user: str, wait: float = 15.0) -> dict[str, Any]:
+        """An exec as the image's `User` would run it (a name, uid, name:group or uid:gid)."""
+        return self.wait_reply(self.send("exec", argv=argv, user=user, env={}), wait)
+
     def mark_prefix(self) -> bytes:
         """Every exec of this agent carries MARK=<agent pid>-<random token>."""
         return f"{MARK}={self.pid}-".encode()
@@ -205,9 +223,22 @@ class AgentProcess:
                 pass
 
 
+@pytest.fixture(params=["python", "native"])
+def agent(request):
+    if request.param == "native" and not os.access(NATIVE_AGENT_PATH, os.X_OK):
+        pytest.skip("the native agent is not built (`make agent` needs cargo)")
+    a = AgentProcess(request.param)
+    try:
+        yield a
+    finally:
+        a.close()
+
+
 @pytest.fixture
-def agent():
-    a = AgentProcess()
+def native(request):
+    if not os.access(NATIVE_AGENT_PATH, os.X_OK):
+        pytest.skip("the native agent is not built (`make agent` needs cargo)")
+    a = AgentProcess("native")
     try:
         yield a
     finally:

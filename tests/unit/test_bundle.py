@@ -46,8 +46,17 @@ def test_agent_mount_and_args():
     assert m["source"] == str(AGENT_DIR)
     assert "ro" in m["options"]
     assert (AGENT_DIR / "agent.py").is_file()
-    assert s["process"]["args"] == ["/usr/bin/python3", "-u", "-S", f"{AGENT_MOUNT}/agent.py"]
+    assert s["process"]["args"] == ["/usr/bin/python3", "-u", "-S", f"{AGENT_MOUNT}/agent.py"] \
+        or s["process"]["args"] == [f"{AGENT_MOUNT}/rollbox-agent"]
     assert s["process"]["terminal"] is False
+
+
+def test_agent_choice():
+    from rollbox.runtime.bundle import agent_argv
+    assert oci_spec(spec(agent="python"))["process"]["args"][0] == "/usr/bin/python3"
+    assert oci_spec(spec(agent="native"))["process"]["args"] == [f"{AGENT_MOUNT}/rollbox-agent"]
+    with pytest.raises(ValueError, match="must be one of"):
+        agent_argv("perl")
 
 
 def test_custom_agent_dir():

@@ -461,7 +461,8 @@ def op_list_files(req):
 
 def op_remove(req):
     path = _abs(req["path"])
-    if os.path.normpath(path) == "/":
+    # normpath keeps a leading "//" (POSIX allows it to differ from "/"): strip it first.
+    if os.path.normpath("/" + path.lstrip("/")) == "/":
         raise ValueError("refusing to remove /")
     if os.path.isdir(path) and not os.path.islink(path):
         import shutil

@@ -1,0 +1,266 @@
+//! rollbox's in-sandbox agent: the container's init process (PID 1 inside gVisor), in Rust
+//! with std only, so that images need no Python (a busybox or distroless image boots).
+//!
+//! It speaks protocol 2 exactly as agent.py does (read that file's docstring for the why):
+//! frames of a 4-byte big-endian length, a 32-byte HMAC-SHA256 of the JSON under the sandbox's
+//! key, then the UTF-8 JSON object, both ways, over its own stdin/stdout. Requests carry an
+//! integer `id` and run concurrently on a pool of threads; replies carry the same `id`.
+//! Unsigned frames (written into /proc/1/fd/0 from inside the sandbox) are dropped.
+//!
+//! Nothing here caches a pid or a time across requests: after `runsc restore` the process
+//! simply carries on, and `identity` gives a restored copy its own env and host name.
+
+mod b64;
+mod json;
+mod ops;
+mod proc;
+mod sha256;
+mod sys;
+
+use std::collections::VecDeque;
+use std::ffi::c_int;
+use std::os::unix::ffi::OsStrExt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use json::{ObjBuilder, Value};
+
+const KEY_FILE: &str = "/.rollbox-key";
+const MAX_FRAME: usize = 1024 * 1024 * 1024;
+const MAC_LEN: usize = 32;
+
+/// What every request shares. Made once at start and never freed (it lives as long as PID 1).
+pub struct Agent {
+    hmac: sha256::Hmac,
+    out: Mutex<()>,
+    pub reaper: proc::Reaper,
+    /// The agent's own environment, ROLLBOX_PRIVILEGED removed: the base of every command's.
+    pub base_env: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Set by `identity`: added to every later command's environment.
+    pub identity: Mutex<Vec<(Vec<u8>, Vec<u8>)>>,
+    pool: Pool,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Threads made at start and reused: creating one costs a clone through gVisor's kernel, and
+/// under a fork bomb (RLIMIT_NPROC reached) it fails. Beyond the reserve, extra threads are
+/// made when all are busy, if the kernel still allows it; otherwise a job waits for one.
+struct Pool {
+    state: Mutex<(VecDeque<Job>, usize)>, // (queued jobs, idle threads)
+    cv: Condvar,
+}
+
+impl Pool {
+    fn worker(&'static self) {
+        loop {
+            let job = {
+                let mut st = self.state.lock().unwrap();
+                loop {
+                    if let Some(job) = st.0.pop_front() {
+                        break job;
+                    }
+                    st.1 += 1;
+                    st = self.cv.wait(st).unwrap();
+                    st.1 -= 1;
+                }
+            };
+            job();
+        }
+    }
+
+    fn add_thread(&'static self) -> bool {
+        std::thread::Builder::new().stack_size(1 << 20).spawn(move || self.worker()).is_ok()
+    }
+
+    fn submit(&'static self, job: Job) {
+        let need = {
+            let mut st = self.state.lock().unwrap();
+            st.0.push_back(job);
+            st.1 < st.0.len()
+        };
+        if need {
+            self.add_thread();
+        }
+        self.cv.notify_one();
+    }
+}
+
+impl Agent {
+    /// Writes one signed frame to stdout. A gone daemon (EPIPE) drops it: it re-asks.
+    fn send(&self, msg: &Value) {
+        let data = json::to_vec(msg);
+        let mac = self.hmac.mac(&data);
+        let mut frame = Vec::with_capacity(4 + MAC_LEN + data.len());
+        frame.extend_from_slice(&((MAC_LEN + data.len()) as u32).to_be_bytes());
+        frame.extend_from_slice(&mac);
+        frame.extend_from_slice(&data);
+        let _guard = self.out.lock().unwrap();
+        let mut off = 0;
+        while off < frame.len() {
+            let n = unsafe { sys::write(1, frame[off..].as_ptr() as *const _, frame.len() - off) };
+            if n > 0 {
+                off += n as usize;
+                continue;
+            }
+            match sys::errno() {
+                sys::EINTR => {}
+                sys::EAGAIN => {
+                    let mut p = sys::PollFd { fd: 1, events: sys::POLLOUT, revents: 0 };
+                    unsafe { sys::poll(&mut p, 1, 1000) };
+                }
+                _ => return,
+            }
+        }
+    }
+
+    fn handle(&self, req: Value) {
+        let t0 = Instant::now();
+        let rid = req.get("id").cloned().unwrap_or(Value::Null);
+        let op = req.get("op").and_then(|v| v.as_bytes()).map(|b| String::from_utf8_lossy(b).to_string());
+        let result = catch_unwind(AssertUnwindSafe(|| match op.as_deref() {
+            Some("exec") => ops::op_exec(self, &req),
+            Some("spawn") => ops::op_spawn(self, &req),
+            Some("write_file") => ops::op_write_file(&req),
+            Some("read_file") => ops::op_read_file(&req),
+            Some("list_files") => ops::op_list_files(&req),
+            Some("remove") => ops::op_remove(&req),
+            Some("identity") => ops::op_identity(self, &req),
+            Some("ping") => ops::op_ping(),
+            Some(other) => Err(ops::OpError::new("agent_error", format!("KeyError: '{}'", other))),
+            None => Err(ops::OpError::new("agent_error", "KeyError: 'op'")),
+        }));
+        let reply = match result {
+            Ok(Ok(mut obj)) => {
+                obj.set("agent_s", Value::Float(t0.elapsed().as_secs_f64()));
+                obj.set("id", rid);
+                obj.set("ok", Value::Bool(true));
+                obj.build()
+            }
+            Ok(Err(e)) => error_reply(rid, e.kind, &e.message),
+            Err(panic) => {
+                let what = panic.downcast_ref::<&str>().map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+                error_reply(rid, "agent_error", &format!("panic: {}", what))
+            }
+        };
+        self.send(&reply);
+    }
+}
+
+fn error_reply(rid: Value, kind: &str, message: &str) -> Value {
+    ObjBuilder::new()
+        .with("id", rid)
+        .with("ok", Value::Bool(false))
+        .with("error", Value::str(kind))
+        .with("message", Value::str(message))
+        .build()
+}
+
+/// A handler, not SIG_IGN: handlers reset on exec, so commands get default dispositions.
+extern "C" fn ignore(_sig: c_int) {}
+
+/// Fills `buf` from stdin. A closed daemon end (EOF) is waited out: it comes back.
+fn read_exact(buf: &mut [u8]) {
+    let mut off = 0;
+    while off < buf.len() {
+        let n = unsafe { sys::read(0, buf[off..].as_mut_ptr() as *mut _, buf.len() - off) };
+        if n > 0 {
+            off += n as usize;
+        } else if n == 0 {
+            std::thread::sleep(Duration::from_millis(100));
+        } else {
+            match sys::errno() {
+                sys::EINTR => {}
+                sys::EAGAIN => {
+                    // gVisor may hand us a non-blocking descriptor.
+                    let mut p = sys::PollFd { fd: 0, events: sys::POLLIN, revents: 0 };
+                    unsafe { sys::poll(&mut p, 1, -1) };
+                }
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+}
+
+/// The per-sandbox key: a file in the root that we delete before any user process exists.
+fn load_key() -> Vec<u8> {
+    match std::fs::read(KEY_FILE) {
+        Ok(k) => {
+            let _ = std::fs::remove_file(KEY_FILE);
+            k
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
+fn main() {
+    unsafe {
+        sys::signal(13, sys::SIG_IGN); // SIGPIPE: a gone reader is an error return, not death
+        // As PID 1 we should not die of a stray signal from a process in the sandbox.
+        for sig in [15, 2, 1, 3, 10, 12, 14] {
+            sys::signal(sig, ignore as extern "C" fn(c_int) as usize);
+        }
+    }
+    let privileged = std::env::var_os("ROLLBOX_PRIVILEGED").map(|v| v == "1").unwrap_or(false);
+    unsafe {
+        sys::prctl(sys::PR_SET_DUMPABLE, 0, 0, 0, 0); // no /proc/1/mem, no ptrace
+        // The agent keeps CAP_SYS_ADMIN (to set a restored copy's host name) but drops it from
+        // the bounding set, so no command it starts ever has it.
+        if !privileged {
+            sys::prctl(sys::PR_CAPBSET_DROP, sys::CAP_SYS_ADMIN, 0, 0, 0);
+        }
+    }
+    let base_env = std::env::vars_os()
+        .filter(|(k, _)| k != "ROLLBOX_PRIVILEGED")
+        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+        .collect();
+    let key = load_key();
+    let agent: &'static Agent = Box::leak(Box::new(Agent {
+        hmac: sha256::Hmac::new(&key),
+        out: Mutex::new(()),
+        reaper: proc::Reaper::new(),
+        base_env,
+        identity: Mutex::new(Vec::new()),
+        pool: Pool { state: Mutex::new((VecDeque::new(), 0)), cv: Condvar::new() },
+    }));
+    drop(key);
+    std::thread::Builder::new().stack_size(64 << 10).spawn(move || agent.reaper.run()).expect("reaper thread");
+    for _ in 0..4 {
+        agent.pool.add_thread();
+    }
+    agent.send(&ObjBuilder::new()
+        .with("id", Value::Int(0))
+        .with("ok", Value::Bool(true))
+        .with("event", Value::str("ready"))
+        .with("pid", Value::Int(unsafe { sys::getpid() } as i64))
+        .with("protocol", Value::Int(ops::PROTOCOL))
+        .build());
+    let mut hdr = [0u8; 4];
+    loop {
+        read_exact(&mut hdr);
+        let n = u32::from_be_bytes(hdr) as usize;
+        if n > MAX_FRAME {
+            // Garbage written into our stdin from inside the sandbox: the stream cannot be
+            // resynchronised. Ending makes the daemon report the sandbox as ended by its workload.
+            std::process::exit(3);
+        }
+        let mut frame = vec![0u8; n];
+        read_exact(&mut frame);
+        if n < MAC_LEN {
+            continue;
+        }
+        let (mac, body) = frame.split_at(MAC_LEN);
+        // A request not signed with this sandbox's key came from inside the sandbox: drop it.
+        if !sha256::ct_eq(mac, &agent.hmac.mac(body)) {
+            continue;
+        }
+        let Ok(req) = json::parse(body) else { continue };
+        if req.get("op").is_none() {
+            continue;
+        }
+        drop(frame);
+        agent.pool.submit(Box::new(move || agent.handle(req)));
+    }
+}

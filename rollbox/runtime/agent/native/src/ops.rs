@@ -1,0 +1,694 @@
+//! The requests the agent serves: exec, spawn, files, identity, ping (protocol 2, as agent.py).
+
+use std::ffi::{CString, OsStr};
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::b64;
+use crate::json::{ObjBuilder, Value};
+use crate::proc::{self, Launch, Stdin};
+use crate::sys::{self, Fd};
+use crate::Agent;
+
+pub const PROTOCOL: i64 = 2;
+const MARK: &str = "ROLLBOX_EXEC_MARK";
+/// Output kept per stream when a request does not say (bytes); the rest is read and dropped.
+const DEFAULT_MAX_OUTPUT: u64 = 4 * 1024 * 1024;
+const DEFAULT_MAX_READ: u64 = 64 * 1024 * 1024;
+/// After the main process exits, background children may hold its pipes: stop reading then.
+const AFTER_EXIT: Duration = Duration::from_millis(50);
+
+/// A failed request: `kind` is the reply's `error` code (the daemon maps it to an error class).
+pub struct OpError {
+    pub kind: &'static str,
+    pub message: String,
+}
+
+impl OpError {
+    pub fn new(kind: &'static str, message: impl Into<String>) -> Self {
+        OpError { kind, message: message.into() }
+    }
+
+    fn invalid(message: impl Into<String>) -> Self {
+        Self::new("invalid_argument", message)
+    }
+
+    /// A malformed request (Python's KeyError/TypeError): a generic agent error.
+    fn bad(message: impl Into<String>) -> Self {
+        Self::new("agent_error", message)
+    }
+
+    /// An OS error on `path`, worded as Python words it.
+    pub fn io(e: io::Error, path: &[u8]) -> Self {
+        let text = e.to_string();
+        let text = match text.rfind(" (os error") {
+            Some(i) => text[..i].to_string(),
+            None => text,
+        };
+        let p = String::from_utf8_lossy(path);
+        let errno = e.raw_os_error().unwrap_or(0);
+        let message = if path.is_empty() { format!("[Errno {}] {}", errno, text) } else { format!("[Errno {}] {}: '{}'", errno, text, p) };
+        let kind = match errno {
+            2 => "not_found",
+            21 => "is_a_directory",
+            20 => "not_a_directory",
+            1 | 13 => "permission_denied",
+            _ => return OpError::new("agent_error", format!("OSError: {}", message)),
+        };
+        OpError::new(kind, message)
+    }
+}
+
+type OpResult = Result<ObjBuilder, OpError>;
+
+fn os(b: &[u8]) -> &OsStr {
+    OsStr::from_bytes(b)
+}
+
+fn cstr(b: &[u8]) -> Result<CString, OpError> {
+    CString::new(b).map_err(|_| OpError::invalid("embedded null byte"))
+}
+
+fn now_unix() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+fn required<'a>(req: &'a Value, key: &str) -> Result<&'a Value, OpError> {
+    req.get(key).ok_or_else(|| OpError::bad(format!("KeyError: '{}'", key)))
+}
+
+fn str_list(req: &Value, key: &str) -> Result<Vec<Vec<u8>>, OpError> {
+    match required(req, key)? {
+        Value::Arr(items) if !items.is_empty() => items
+            .iter()
+            .map(|v| v.as_bytes().map(|b| b.to_vec()).ok_or_else(|| OpError::bad(format!("TypeError: {} must be a list of strings", key))))
+            .collect(),
+        Value::Arr(_) => Err(OpError::bad(format!("IndexError: {} is empty", key))),
+        _ => Err(OpError::bad(format!("TypeError: {} must be a list of strings", key))),
+    }
+}
+
+/// `req[key]` as a string map: {} when missing or null.
+fn str_map(req: &Value, key: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>, OpError> {
+    match req.get(key) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Obj(m)) => m
+            .iter()
+            .map(|(k, v)| match v {
+                Value::Str(s) => Ok((k.clone(), s.clone())),
+                _ => Err(OpError::bad(format!("TypeError: {} values must be strings", key))),
+            })
+            .collect(),
+        Some(_) => Err(OpError::bad(format!("TypeError: {} must be an object", key))),
+    }
+}
+
+fn opt_bytes<'a>(req: &'a Value, key: &str) -> Result<Option<&'a [u8]>, OpError> {
+    match req.get_truthy(key) {
+        None => Ok(None),
+        Some(Value::Str(s)) => Ok(Some(s)),
+        Some(_) => Err(OpError::bad(format!("TypeError: {} must be a string", key))),
+    }
+}
+
+fn path_arg(req: &Value) -> Result<Vec<u8>, OpError> {
+    match required(req, "path")? {
+        Value::Str(p) if p.starts_with(b"/") && !p.contains(&0) => Ok(p.clone()),
+        v => Err(OpError::invalid(format!("path {} must be absolute, e.g. /work/a.py", String::from_utf8_lossy(&crate::json::to_vec(v))))),
+    }
+}
+
+fn env_set(env: &mut Vec<(Vec<u8>, Vec<u8>)>, k: &[u8], v: &[u8]) {
+    match env.iter_mut().find(|(ek, _)| ek == k) {
+        Some(slot) => slot.1 = v.to_vec(),
+        None => env.push((k.to_vec(), v.to_vec())),
+    }
+}
+
+fn env_get<'a>(env: &'a [(Vec<u8>, Vec<u8>)], k: &[u8]) -> Option<&'a [u8]> {
+    env.iter().find(|(ek, _)| ek == k).map(|(_, v)| v.as_slice())
+}
+
+/// The agent's environment, then the identity's, then the request's.
+fn command_env(a: &Agent, req: &Value) -> Result<Vec<(Vec<u8>, Vec<u8>)>, OpError> {
+    let mut env = a.base_env.clone();
+    for (k, v) in a.identity.lock().unwrap().iter() {
+        env_set(&mut env, k, v);
+    }
+    for (k, v) in str_map(req, "env")? {
+        env_set(&mut env, &k, &v);
+    }
+    Ok(env)
+}
+
+fn env_cstrings(env: &[(Vec<u8>, Vec<u8>)]) -> Result<Vec<CString>, OpError> {
+    env.iter()
+        .map(|(k, v)| {
+            let mut kv = k.clone();
+            kv.push(b'=');
+            kv.extend_from_slice(v);
+            cstr(&kv)
+        })
+        .collect()
+}
+
+/// The file `name` names, searched on the command's own PATH (as Python's subprocess does).
+fn resolve_program(name: &[u8], path_var: Option<&[u8]>, cwd: &[u8]) -> Option<Vec<u8>> {
+    if name.contains(&b'/') {
+        return Some(name.to_vec());
+    }
+    if name.is_empty() {
+        return None;
+    }
+    for dir in path_var.unwrap_or(b"/bin:/usr/bin").split(|&c| c == b':') {
+        let dir: &[u8] = if dir.is_empty() { b"." } else { dir };
+        let mut cand = dir.to_vec();
+        cand.push(b'/');
+        cand.extend_from_slice(name);
+        let mut check = Vec::new();
+        if !cand.starts_with(b"/") {
+            check.extend_from_slice(cwd);
+            check.push(b'/');
+        }
+        check.extend_from_slice(&cand);
+        if let Ok(m) = fs::metadata(os(&check)) {
+            if !m.is_dir() {
+                return Some(cand);
+            }
+        }
+    }
+    None
+}
+
+/// What a new process runs and where: resolved before anything is started.
+struct Prepared {
+    path: CString,
+    argv: Vec<CString>,
+    env: Vec<CString>,
+    cwd: CString,
+    creds: Option<(u32, u32)>,
+}
+
+enum Refusal {
+    Exit(i64, String),
+    Error(OpError),
+}
+
+impl From<OpError> for Refusal {
+    fn from(e: OpError) -> Self {
+        Refusal::Error(e)
+    }
+}
+
+fn prepare(req: &Value, env: &[(Vec<u8>, Vec<u8>)]) -> Result<Prepared, Refusal> {
+    let argv = str_list(req, "argv")?;
+    let cwd = match opt_bytes(req, "cwd")? {
+        Some(c) => c.to_vec(),
+        None => env_get(env, b"HOME").filter(|h| !h.is_empty()).unwrap_or(b"/").to_vec(),
+    };
+    let user = match req.get("user") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Str(s)) => s.clone(),
+        Some(v) => crate::json::to_vec(v),
+    };
+    let creds = proc::resolve_user(&user).map_err(OpError::invalid)?;
+    let argv_c = argv.iter().map(|a| cstr(a)).collect::<Result<Vec<_>, _>>()?;
+    let env_c = env_cstrings(env)?;
+    let cwd_c = cstr(&cwd)?;
+    let cwd_text = String::from_utf8_lossy(&cwd).to_string();
+    let name = String::from_utf8_lossy(&argv[0]).to_string();
+    match fs::metadata(os(&cwd)) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(Refusal::Exit(126, format!("rollbox: no such working directory: {}\n", cwd_text)))
+        }
+        Ok(m) if !m.is_dir() => {
+            return Err(Refusal::Exit(126, format!("rollbox: cannot run '{}': [Errno 20] Not a directory: '{}'\n", name, cwd_text)))
+        }
+        _ => {}
+    }
+    let Some(path) = resolve_program(&argv[0], env_get(env, b"PATH"), &cwd) else {
+        return Err(Refusal::Exit(127, format!("rollbox: command not found: {}\n", name)));
+    };
+    Ok(Prepared { path: cstr(&path)?, argv: argv_c, env: env_c, cwd: cwd_c, creds })
+}
+
+fn launch_error(e: io::Error, argv0: &[u8]) -> (i64, String) {
+    let name = String::from_utf8_lossy(argv0);
+    if e.raw_os_error() == Some(sys::ENOENT) {
+        (127, format!("rollbox: command not found: {}\n", name))
+    } else {
+        (126, format!("rollbox: cannot run '{}': {}\n", name, OpError::io(e, b"").message))
+    }
+}
+
+fn spawn_failure(code: i64, message: &str, start: Instant) -> ObjBuilder {
+    ObjBuilder::new()
+        .with("exit_code", Value::Int(code))
+        .with("signal", Value::Null)
+        .with("stdout", Value::str(""))
+        .with("stderr", Value::Str(b64::encode(message.as_bytes())))
+        .with("stdout_bytes", Value::Int(0))
+        .with("stderr_bytes", Value::Int(message.len() as i64))
+        .with("truncated", Value::Bool(false))
+        .with("timed_out", Value::Bool(false))
+        .with("duration_s", Value::Float(start.elapsed().as_secs_f64()))
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{:02x}", x)).collect()
+}
+
+pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
+    let start = Instant::now();
+    let timeout = req.get_truthy("timeout").map(|v| v.as_f64().ok_or_else(|| OpError::bad("TypeError: timeout must be a number"))).transpose()?;
+    let cap = match req.get_truthy("max_output") {
+        None => DEFAULT_MAX_OUTPUT,
+        Some(v) => v.as_f64().ok_or_else(|| OpError::bad("TypeError: max_output must be a number"))?.max(0.0) as u64,
+    };
+    let stdin_data = match req.get("stdin") {
+        None | Some(Value::Null) => None,
+        Some(Value::Str(s)) => Some(b64::decode(s).map_err(OpError::invalid)?),
+        Some(_) => return Err(OpError::bad("TypeError: stdin must be a base64 string")),
+    };
+    // Random, not the request id: a process must not learn which reply it could try to forge.
+    let mut token = [0u8; 12];
+    sys::random(&mut token);
+    let mark = format!("{}-{}", unsafe { sys::getpid() }, hex(&token));
+    let mut env = command_env(a, req)?;
+    env_set(&mut env, MARK.as_bytes(), mark.as_bytes());
+    let needle = format!("{}={}", MARK, mark).into_bytes();
+    let p = match prepare(req, &env) {
+        Ok(p) => p,
+        Err(Refusal::Exit(code, msg)) => return Ok(spawn_failure(code, &msg, start)),
+        Err(Refusal::Error(e)) => return Err(e),
+    };
+
+    let io_fail = |e: io::Error| OpError::new("agent_error", format!("OSError: {}", e));
+    let (out_r, out_w) = sys::pipe().map_err(io_fail)?;
+    let (out_r, out_w) = (Fd(out_r), Fd(out_w));
+    let (err_r, err_w) = sys::pipe().map_err(io_fail)?;
+    let (err_r, err_w) = (Fd(err_r), Fd(err_w));
+    let (in_r, in_w) = match &stdin_data {
+        Some(_) => {
+            let (r, w) = sys::pipe().map_err(io_fail)?;
+            (Some(Fd(r)), Some(Fd(w)))
+        }
+        None => (None, None),
+    };
+    let launch = Launch {
+        path: p.path,
+        argv: p.argv,
+        env: p.env,
+        cwd: p.cwd,
+        stdin: match &in_r {
+            Some(fd) => Stdin::Fd(fd.0),
+            None => Stdin::DevNull,
+        },
+        stdout: out_w.0,
+        stderr: err_w.0,
+        creds: p.creds,
+    };
+    let started = a.reaper.start(true, || proc::launch(&launch));
+    drop((out_w, err_w, in_r));
+    let (pid, waiter) = match started {
+        Ok((pid, Some(w))) => (pid, w),
+        Ok((_, None)) => unreachable!(),
+        Err(e) => {
+            let (code, msg) = launch_error(e, launch.argv[0].as_bytes());
+            return Ok(spawn_failure(code, &msg, start));
+        }
+    };
+
+    for fd in [&out_r, &err_r] {
+        sys::set_nonblocking(fd.0, true);
+    }
+    let mut pipes = [Some(out_r), Some(err_r)];
+    let mut bufs: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
+    let mut totals = [0u64; 2];
+    let mut feed = match (in_w, stdin_data) {
+        (Some(fd), Some(data)) => {
+            sys::set_nonblocking(fd.0, true);
+            Some((fd, data, 0usize))
+        }
+        _ => None,
+    };
+    let deadline = timeout.filter(|t| *t > 0.0).map(|t| start + Duration::from_secs_f64(t.min(1e9)));
+    let mut exited_at: Option<Instant> = None;
+    let mut timed_out = false;
+    let mut chunk = vec![0u8; 65536];
+
+    // Reads what one pipe has: keeps what fits under the cap, counts the rest. False at EOF.
+    let take = |fd: i32, buf: &mut Vec<u8>, total: &mut u64, chunk: &mut [u8]| -> bool {
+        loop {
+            let n = unsafe { sys::read(fd, chunk.as_mut_ptr() as *mut _, chunk.len()) };
+            if n > 0 {
+                let n = n as usize;
+                *total += n as u64;
+                let room = (cap as usize).saturating_sub(buf.len());
+                buf.extend_from_slice(&chunk[..n.min(room)]);
+                if n < chunk.len() {
+                    return true;
+                }
+                continue;
+            }
+            if n == 0 {
+                return false;
+            }
+            return match sys::errno() {
+                sys::EINTR => continue,
+                sys::EAGAIN => true,
+                _ => false,
+            };
+        }
+    };
+
+    loop {
+        let now = Instant::now();
+        let done = waiter.status().is_some();
+        if done && exited_at.is_none() {
+            exited_at = Some(now);
+        }
+        let open = pipes.iter().any(|p| p.is_some());
+        if let Some(t) = exited_at {
+            if !open || now.duration_since(t) >= AFTER_EXIT {
+                break;
+            }
+        }
+        if let Some(d) = deadline {
+            if now >= d && !done {
+                timed_out = true;
+                proc::kill_tree(pid, &needle);
+                break;
+            }
+        }
+        if !open && feed.is_none() {
+            // Nothing left to read: wait for the exit, or the deadline.
+            waiter.wait(deadline.map(|d| d.saturating_duration_since(now)));
+            continue;
+        }
+        let mut wait = Duration::from_millis(50);
+        if let Some(d) = deadline {
+            wait = wait.min(d.saturating_duration_since(now));
+        }
+        if let Some(t) = exited_at {
+            wait = wait.min((t + AFTER_EXIT).saturating_duration_since(now));
+        }
+        let mut pfds: Vec<sys::PollFd> = Vec::with_capacity(3);
+        for p in pipes.iter().flatten() {
+            pfds.push(sys::PollFd { fd: p.0, events: sys::POLLIN, revents: 0 });
+        }
+        if let Some((fd, _, _)) = &feed {
+            pfds.push(sys::PollFd { fd: fd.0, events: sys::POLLOUT, revents: 0 });
+        }
+        let ms = (wait.as_micros() as i64 + 999) / 1000;
+        let n = unsafe { sys::poll(pfds.as_mut_ptr(), pfds.len() as _, ms as i32) };
+        if n <= 0 {
+            continue;
+        }
+        for pfd in &pfds {
+            if pfd.revents == 0 {
+                continue;
+            }
+            if let Some(i) = pipes.iter().position(|p| p.as_ref().map(|f| f.0) == Some(pfd.fd)) {
+                if !take(pfd.fd, &mut bufs[i], &mut totals[i], &mut chunk) {
+                    pipes[i] = None;
+                }
+            } else if let Some((fd, data, off)) = &mut feed {
+                let mut finished = pfd.revents & (sys::POLLERR | sys::POLLHUP | sys::POLLNVAL) != 0;
+                if !finished {
+                    let w = unsafe { sys::write(fd.0, data[*off..].as_ptr() as *const _, data.len() - *off) };
+                    if w > 0 {
+                        *off += w as usize;
+                        finished = *off >= data.len();
+                    } else if w < 0 && !matches!(sys::errno(), sys::EAGAIN | sys::EINTR) {
+                        finished = true; // EPIPE: the command closed its stdin
+                    } else if data.is_empty() {
+                        finished = true;
+                    }
+                }
+                if finished {
+                    feed = None;
+                }
+            }
+        }
+    }
+    drop(feed);
+    if timed_out {
+        // Make sure no process of this exec is left (some may have started meanwhile).
+        proc::kill_tree(pid, &needle);
+    }
+    let status = waiter.wait(if timed_out { Some(Duration::from_secs(5)) } else { None });
+    if status.is_none() {
+        a.reaper.forget(pid);
+    }
+    // Drain what is buffered.
+    for i in 0..2 {
+        if let Some(fd) = &pipes[i] {
+            take(fd.0, &mut bufs[i], &mut totals[i], &mut chunk);
+        }
+    }
+    drop(pipes);
+    let [out, err] = bufs;
+    Ok(ObjBuilder::new()
+        .with("exit_code", match status {
+            Some(s) if !timed_out => Value::Int(sys::exit_code_of(s) as i64),
+            _ => Value::Null,
+        })
+        .with("signal", match status.and_then(sys::wait_status_signal) {
+            Some(sig) => Value::Int(sig as i64),
+            None => Value::Null,
+        })
+        .with("stdout", Value::Str(b64::encode(&out)))
+        .with("stderr", Value::Str(b64::encode(&err)))
+        .with("stdout_bytes", Value::Int(totals[0] as i64))
+        .with("stderr_bytes", Value::Int(totals[1] as i64))
+        .with("truncated", Value::Bool(totals[0] > cap || totals[1] > cap))
+        .with("timed_out", Value::Bool(timed_out))
+        .with("duration_s", Value::Float(start.elapsed().as_secs_f64())))
+}
+
+/// Starts a long-running process (an image's entrypoint) without waiting for it; its output
+/// goes to `log` (default /dev/null). Replies with its pid.
+pub fn op_spawn(a: &Agent, req: &Value) -> OpResult {
+    let env = command_env(a, req)?;
+    let argv0 = str_list(req, "argv")?.remove(0);
+    let what = String::from_utf8_lossy(&argv0).to_string();
+    let p = match prepare(req, &env) {
+        Ok(p) => p,
+        Err(Refusal::Exit(_, msg)) => {
+            return Err(OpError::invalid(format!("cannot start ['{}']: {}", what, msg.trim_end().trim_start_matches("rollbox: "))))
+        }
+        Err(Refusal::Error(e)) => return Err(e),
+    };
+    let log = opt_bytes(req, "log")?.unwrap_or(b"/dev/null").to_vec();
+    let out = fs::OpenOptions::new().append(true).create(true).open(os(&log))
+        .map_err(|e| OpError::invalid(format!("cannot start ['{}']: {}", what, OpError::io(e, &log).message)))?;
+    use std::os::fd::AsRawFd;
+    let launch = Launch {
+        path: p.path,
+        argv: p.argv,
+        env: p.env,
+        cwd: p.cwd,
+        stdin: Stdin::DevNull,
+        stdout: out.as_raw_fd(),
+        stderr: out.as_raw_fd(),
+        creds: p.creds,
+    };
+    let (pid, _) = a.reaper.start(false, || proc::launch(&launch))
+        .map_err(|e| OpError::invalid(format!("cannot start ['{}']: {}", what, OpError::io(e, b"").message)))?;
+    Ok(ObjBuilder::new().with("pid", Value::Int(pid as i64)))
+}
+
+fn parent(path: &[u8]) -> &[u8] {
+    match path.iter().rposition(|&c| c == b'/') {
+        Some(0) => b"/",
+        Some(i) => &path[..i],
+        None => b"",
+    }
+}
+
+pub fn op_write_file(req: &Value) -> OpResult {
+    let path = match required(req, "path")? {
+        Value::Str(p) => p.clone(),
+        _ => return Err(OpError::bad("TypeError: path must be a string")),
+    };
+    if path.contains(&0) {
+        return Err(OpError::invalid("embedded null byte"));
+    }
+    let dir = parent(&path);
+    if !dir.is_empty() {
+        fs::create_dir_all(os(dir)).map_err(|e| OpError::io(e, dir))?;
+    }
+    let data = match required(req, "data")? {
+        Value::Str(s) => b64::decode(s).map_err(OpError::invalid)?,
+        _ => return Err(OpError::bad("TypeError: data must be a base64 string")),
+    };
+    let mode = match req.get_truthy("mode") {
+        None => 0o644,
+        Some(v) => v.as_f64().ok_or_else(|| OpError::bad("TypeError: mode must be an integer"))? as u32,
+    };
+    let id = match req.get("id") {
+        Some(Value::Int(i)) => i.to_string(),
+        Some(v) => String::from_utf8_lossy(&crate::json::to_vec(v)).to_string(),
+        None => "0".to_string(),
+    };
+    let mut tmp = path.clone();
+    tmp.extend_from_slice(format!(".rollbox-tmp-{}", id).as_bytes());
+    let result = (|| -> Result<(), OpError> {
+        let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o666).open(os(&tmp))
+            .map_err(|e| OpError::io(e, &tmp))?;
+        f.write_all(&data).map_err(|e| OpError::io(e, &tmp))?;
+        drop(f);
+        fs::set_permissions(os(&tmp), fs::Permissions::from_mode(mode)).map_err(|e| OpError::io(e, &tmp))?;
+        fs::rename(os(&tmp), os(&path)).map_err(|e| OpError::io(e, &path))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(os(&tmp));
+    }
+    result?;
+    Ok(ObjBuilder::new().with("size", Value::Int(data.len() as i64)))
+}
+
+pub fn op_read_file(req: &Value) -> OpResult {
+    let path = path_arg(req)?;
+    let limit = match req.get_truthy("max_bytes") {
+        None => DEFAULT_MAX_READ,
+        Some(v) => v.as_f64().ok_or_else(|| OpError::bad("TypeError: max_bytes must be an integer"))?.max(0.0) as u64,
+    };
+    let p = String::from_utf8_lossy(&path).to_string();
+    // Regular files only: reading a FIFO, a device or /proc/self/fd/0 (our own channel!)
+    // could block forever or never end.
+    let f = fs::OpenOptions::new().read(true).custom_flags(sys::O_NONBLOCK).open(os(&path))
+        .map_err(|e| OpError::io(e, &path))?;
+    let st = f.metadata().map_err(|e| OpError::io(e, &path))?;
+    if st.is_dir() {
+        return Err(OpError::new("is_a_directory", format!("{} is a directory", p)));
+    }
+    if !st.is_file() {
+        return Err(OpError::invalid(format!("{} is not a regular file", p)));
+    }
+    if st.len() > limit {
+        return Err(OpError::invalid(format!("file {} is {} bytes, over the {}-byte read limit", p, st.len(), limit)));
+    }
+    use std::os::fd::AsRawFd;
+    sys::set_nonblocking(f.as_raw_fd(), false);
+    let mut data = Vec::with_capacity(st.len() as usize);
+    f.take(limit + 1).read_to_end(&mut data).map_err(|e| OpError::io(e, &path))?;
+    Ok(ObjBuilder::new().with("data", Value::Str(b64::encode(&data))))
+}
+
+pub fn op_list_files(req: &Value) -> OpResult {
+    let path = path_arg(req)?;
+    let dir = fs::read_dir(os(&path)).map_err(|e| OpError::io(e, &path))?;
+    let mut entries: Vec<(Vec<u8>, Value)> = Vec::new();
+    for e in dir {
+        let e = e.map_err(|e| OpError::io(e, &path))?;
+        let name = e.file_name().as_bytes().to_vec();
+        let mut full = path.clone();
+        if !full.ends_with(b"/") {
+            full.push(b'/');
+        }
+        full.extend_from_slice(&name);
+        let Ok(st) = fs::symlink_metadata(os(&full)) else { continue }; // gone meanwhile
+        let mtime = st.mtime() as f64 + st.mtime_nsec() as f64 / 1e9;
+        let entry = ObjBuilder::new()
+            .with("name", Value::Str(name.clone()))
+            .with("path", Value::Str(full))
+            .with("is_dir", Value::Bool(st.is_dir()))
+            .with("size", Value::Int(st.size() as i64))
+            .with("mode", Value::Int(st.mode() as i64))
+            .with("mtime", Value::Float(mtime))
+            .build();
+        entries.push((name, entry));
+    }
+    entries.sort_by(|x, y| x.0.cmp(&y.0));
+    Ok(ObjBuilder::new().with("entries", Value::Arr(entries.into_iter().map(|(_, v)| v).collect())))
+}
+
+/// True when `path` (absolute) names the root directory, however it is spelled ("//", "/a/..").
+fn is_root(path: &[u8]) -> bool {
+    let mut depth: Vec<&[u8]> = Vec::new();
+    for part in path.split(|&c| c == b'/') {
+        match part {
+            b"" | b"." => {}
+            b".." => {
+                depth.pop();
+            }
+            p => depth.push(p),
+        }
+    }
+    depth.is_empty()
+}
+
+pub fn op_remove(req: &Value) -> OpResult {
+    let path = path_arg(req)?;
+    if is_root(&path) {
+        return Err(OpError::invalid("refusing to remove /"));
+    }
+    let link = fs::symlink_metadata(os(&path)).map(|m| m.file_type().is_symlink()).unwrap_or(false);
+    let is_dir = !link && fs::metadata(os(&path)).map(|m| m.is_dir()).unwrap_or(false);
+    if is_dir {
+        fs::remove_dir_all(os(&path)).map_err(|e| OpError::io(e, &path))?;
+    } else {
+        fs::remove_file(os(&path)).map_err(|e| OpError::io(e, &path))?;
+    }
+    Ok(ObjBuilder::new())
+}
+
+/// Per-copy identity after a restore/fork: env for later execs, fresh entropy, hostname.
+pub fn op_identity(a: &Agent, req: &Value) -> OpResult {
+    let env = str_map(req, "env")?;
+    *a.identity.lock().unwrap() = env;
+    if let Some(seed) = opt_bytes(req, "entropy")? {
+        // Mixing fresh host entropy in; gVisor's getrandom already reads host entropy.
+        if let Ok(bytes) = b64::decode(seed) {
+            if let Ok(mut f) = fs::OpenOptions::new().write(true).open("/dev/urandom") {
+                let _ = f.write_all(&bytes);
+            }
+        }
+    }
+    if let Some(host) = opt_bytes(req, "hostname")? {
+        unsafe { sys::sethostname(host.as_ptr() as *const _, host.len()) };
+    }
+    Ok(ObjBuilder::new())
+}
+
+pub fn op_ping() -> OpResult {
+    Ok(ObjBuilder::new()
+        .with("pid", Value::Int(unsafe { sys::getpid() } as i64))
+        .with("protocol", Value::Int(PROTOCOL))
+        .with("time", Value::Float(now_unix())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_in_any_spelling() {
+        for p in [&b"/"[..], b"//", b"/.", b"/a/..", b"/a/b/../..", b"/..", b"///./"] {
+            assert!(is_root(p), "{:?}", p);
+        }
+        for p in [&b"/a"[..], b"/a/b/..", b"//tmp"] {
+            assert!(!is_root(p), "{:?}", p);
+        }
+    }
+
+    #[test]
+    fn parent_dirs() {
+        assert_eq!(parent(b"/a/b"), b"/a");
+        assert_eq!(parent(b"/a"), b"/");
+        assert_eq!(parent(b"a"), b"");
+    }
+
+    #[test]
+    fn programs_resolve_on_the_given_path() {
+        assert_eq!(resolve_program(b"sh", Some(b"/nonexistent:/bin"), b"/"), Some(b"/bin/sh".to_vec()));
+        assert_eq!(resolve_program(b"./x", None, b"/"), Some(b"./x".to_vec()));
+        assert_eq!(resolve_program(b"rollbox-no-such-cmd", Some(b"/bin:/usr/bin"), b"/"), None);
+        assert_eq!(resolve_program(b"", None, b"/"), None);
+    }
+}
