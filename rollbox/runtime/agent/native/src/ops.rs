@@ -338,6 +338,7 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
     let deadline = timeout.filter(|t| *t > 0.0).map(|t| start + Duration::from_secs_f64(t.min(1e9)));
     let mut exited_at: Option<Instant> = None;
     let mut timed_out = false;
+    let mut tree = 0usize;
     let mut chunk = vec![0u8; 65536];
 
     // Reads what one pipe has: keeps what fits under the cap, counts the rest. False at EOF.
@@ -380,7 +381,7 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
         if let Some(d) = deadline {
             if now >= d && !done {
                 timed_out = true;
-                proc::kill_tree(pid, &needle);
+                tree = proc::kill_tree(pid, &needle);
                 break;
             }
         }
@@ -467,6 +468,7 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
         .with("stderr_bytes", Value::Int(totals[1] as i64))
         .with("truncated", Value::Bool(totals[0] > cap || totals[1] > cap))
         .with("timed_out", Value::Bool(timed_out))
+        .with("pids_limited", Value::Bool(timed_out && tree >= proc::pids_report_at()))
         .with("duration_s", Value::Float(start.elapsed().as_secs_f64())))
 }
 
