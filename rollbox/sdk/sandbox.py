@@ -67,9 +67,9 @@ class Sandbox:
             declares an Entrypoint. Commands run with the image's Env, WorkingDir and User.
 
         disk: cap on the sandbox's writable layer in MiB (default 4096): writing past it
-            fails with ENOSPC inside the sandbox and never fills the host disk. The layer is a
-            tmpfs (this host kernel has no filesystem quotas), so what a sandbox writes is
-            memory on the host; None: no cap, files go to the host disk under ROLLBOX_HOME.
+            fails with ENOSPC inside the sandbox. The layer is a sparse, loop-mounted ext4 file
+            of that size under ROLLBOX_HOME (this host kernel has no filesystem quotas): it uses
+            host disk only for what is written. None: no cap, files go to the host disk.
 
         gpu: None, "any" or a model ("H100", "A100", ...): `gpu_count` NVIDIA GPUs through
             gVisor's nvproxy. On a machine without a matching GPU, create() raises

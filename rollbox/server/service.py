@@ -394,6 +394,10 @@ class SandboxService:
         lv = Live(sandbox_id, channel, image_id, cpu, memory_mib, env, keep_warm_seconds, volumes=volumes, key=key,
                   net=net, workdir=cfg.working_dir, user=cfg.user, disk_mib=disk_mib, runtime=runtime)
         self.live[sandbox_id] = lv
+        # What a restarted daemon needs to re-adopt this sandbox as it was (watchdog.recover).
+        fd = os.open(d / "live.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"env": env, "workdir": lv.workdir, "user": lv.user, "disk_mib": disk_mib}, f)
         now = time.time()
         net_cols = self._net_columns(sandbox_id, net)
         if resume:

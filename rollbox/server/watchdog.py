@@ -78,8 +78,14 @@ async def recover(svc: SandboxService) -> dict[str, int]:
             except (errors.RollboxError, OSError):
                 ch.close("unreachable after a daemon restart")
         if ok:
-            lv = Live(sid, ch, row["image_id"], row["cpu"], row["memory_mib"], {}, row["keep_warm_seconds"],
-                      volumes=json.loads(row["volumes"] or "[]"), key=key, runtime=row["runtime"])
+            try:  # env, image user/workdir and disk cap as the sandbox was started with
+                saved = json.loads((svc.sandbox_dir(sid) / "live.json").read_text())
+            except (OSError, ValueError):
+                saved = {}
+            lv = Live(sid, ch, row["image_id"], row["cpu"], row["memory_mib"], dict(saved.get("env") or {}),
+                      row["keep_warm_seconds"], volumes=json.loads(row["volumes"] or "[]"), key=key,
+                      runtime=row["runtime"], workdir=saved.get("workdir"), user=saved.get("user"),
+                      disk_mib=saved.get("disk_mib"))
             # Idle time while the daemon was down counts towards keep_warm_seconds.
             lv.last_active = time.monotonic() - max(0.0, time.time() - row["last_active_at"])
             if row["net_slot"] is not None:
