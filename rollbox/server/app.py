@@ -311,7 +311,10 @@ def create_app(service: SandboxService) -> FastAPI:
 
     @app.post("/volumes/{name}/files/write")
     async def volume_write(name: str, body: VolumeWrite) -> dict[str, Any]:
-        data = base64.b64decode(body.data)
+        try:
+            data = base64.b64decode(body.data, validate=True)
+        except ValueError:  # binascii.Error too
+            raise errors.InvalidArgument("data must be base64 (RFC 4648, standard alphabet)") from None
         return {"size": await asyncio.to_thread(service.volumes.write_file, name, body.path, data)}
 
     @app.post("/volumes/{name}/files/read")
