@@ -109,7 +109,10 @@ class Client:
         except httpx.HTTPError:
             return False
         if resp.status_code == 401:
-            raise errors.from_wire(resp.json(), 401)
+            try:
+                raise errors.from_wire(resp.json(), 401)
+            except ValueError:
+                raise errors.Unauthorized(f"{self.base_url} refused the request (HTTP 401)") from None
         return resp.status_code == 200
 
     def ensure_daemon(self) -> None:
@@ -174,21 +177,26 @@ class Client:
     def request(self, method: str, path: str, json: Any = None, params: dict[str, Any] | None = None) -> Any:
         """Sends one request; returns the decoded JSON body or raises the daemon's typed error."""
         self.ensure_daemon()
+        content: bytes | None = None
+        headers = {}
         if json is not None:
             try:
-                _json.dumps(json, allow_nan=False)
+                # ensure_ascii: a surrogate-escaped (non-UTF-8) path travels as \udcXX and the
+                # daemon answers with a typed error, instead of httpx failing to encode it.
+                content = _json.dumps(json, allow_nan=False, ensure_ascii=True).encode()
             except (ValueError, TypeError) as e:
                 raise errors.InvalidArgument(f"invalid argument for {path}: {e} (numbers must be finite; "
                                              "values must be JSON-serialisable)") from None
+            headers["content-type"] = "application/json"
         try:
             try:
-                resp = self._http.request(method, path, json=json, params=params)
+                resp = self._http.request(method, path, content=content, headers=headers, params=params)
             except httpx.ConnectError:
                 # The request never reached a daemon (it crashed or restarted): start or find
                 # the new one and send it again; nothing was done twice.
                 self._checked = False
                 self.ensure_daemon()
-                resp = self._http.request(method, path, json=json, params=params)
+                resp = self._http.request(method, path, content=content, headers=headers, params=params)
         except httpx.TransportError as e:
             raise errors.DaemonUnavailable(f"lost the rollbox daemon at {self.base_url} during {method} {path}: {e}; "
                                            f"see {self.paths.daemon_log}") from e

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import stat
 from dataclasses import dataclass, field
@@ -207,9 +208,14 @@ class SandboxFileSystem:
         Raises FileNotFoundInSandbox, InvalidArgument (not a regular file, over 64 MiB)."""
         data = self.read_file(sandbox_path)
         tmp = f"{os.fspath(local_path)}.rollbox-partial"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, local_path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, local_path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         return len(data)
 
 

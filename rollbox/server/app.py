@@ -10,10 +10,11 @@ import asyncio
 import base64
 import logging
 from dataclasses import asdict
+import json
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse as _StarletteJSON, Response
 from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
 from .. import __version__, errors
@@ -118,8 +119,16 @@ class ForkRequest(BaseModel):
     keep_warm_seconds: float | None = Field(600, allow_inf_nan=False)
 
 
+class JSONResponse(_StarletteJSON):
+    """JSON with non-ASCII escaped: file names from a sandbox may carry surrogate-escaped bytes
+    (not valid UTF-8), which Starlette's UTF-8 rendering would turn into a 500."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+
+
 def create_app(service: SandboxService) -> FastAPI:
-    app = FastAPI(title="rollbox daemon", version=__version__)
+    app = FastAPI(title="rollbox daemon", version=__version__, default_response_class=JSONResponse)
     app.state.service = service
 
     @app.exception_handler(errors.RollboxError)
