@@ -197,6 +197,9 @@ class Client:
                 self._checked = False
                 self.ensure_daemon()
                 resp = self._http.request(method, path, content=content, headers=headers, params=params)
+        except UnicodeEncodeError:
+            raise errors.InvalidArgument(f"{path!r} is not valid UTF-8: names and ids in a request path must be "
+                                         "text (file paths go in the body)") from None
         except httpx.TransportError as e:
             raise errors.DaemonUnavailable(f"lost the rollbox daemon at {self.base_url} during {method} {path}: {e}; "
                                            f"see {self.paths.daemon_log}") from e
@@ -208,4 +211,8 @@ class Client:
             if resp.status_code == 422:
                 raise errors.InvalidArgument(f"invalid request to {path}: {body.get('detail', body)}")
             raise errors.from_wire(body, resp.status_code)
-        return resp.json()
+        try:
+            return resp.json()
+        except ValueError:
+            raise errors.ApiError(f"{method} {path}: the daemon answered HTTP {resp.status_code} with a body that "
+                                  "is not JSON (a wrong path?)") from None

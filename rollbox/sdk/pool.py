@@ -76,8 +76,10 @@ class SandboxPool:
                  warm: int = 0, warm_idle_seconds: float = 300.0, client: Client | None = None,
                  fn: Callable[[SandboxInstance, Any], Any] | None = None, scale_down_after_s: float = 2.0,
                  backend: str | None = None) -> None:
-        if max_concurrency < 1:
-            raise errors.InvalidArgument(f"max_concurrency={max_concurrency} must be >= 1")
+        if not isinstance(snapshot_id, str) or not snapshot_id:
+            raise errors.InvalidArgument(f"snapshot_id={snapshot_id!r} must be a snapshot id string ('sn-...')")
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
+            raise errors.InvalidArgument(f"max_concurrency={max_concurrency!r} must be an int >= 1")
         self.snapshot_id = snapshot_id
         self.max_concurrency = max_concurrency
         self.keep_warm_seconds = keep_warm_seconds

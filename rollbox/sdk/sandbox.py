@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,6 +110,12 @@ class Sandbox:
     def _client(self) -> Client:
         return self.client or default_client()
 
+    def _check_types(self) -> None:
+        for name, kinds in (("cpu", (int, float)), ("memory", (int,))):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, kinds):
+                raise errors.InvalidArgument(f"{name}={v!r} must be a number ({' or '.join(k.__name__ for k in kinds)})")
+
     @synchronized
     def create(self) -> "SandboxInstance":
         """Boots a fresh sandbox and returns once its first command can run.
@@ -122,6 +129,7 @@ class Sandbox:
             InvalidArgument: a port outside 1..65535, an invalid CIDR or host name in
                 allow_list, or a name that does not resolve (checked before anything is made).
         """
+        self._check_types()
         c = self._client()
         info = _info(c.request("POST", "/sandboxes", json={
             "image_id": self.image.resolve(c), "cpu": self.cpu, "memory": self.memory, "env": self.env,
@@ -139,6 +147,7 @@ class Sandbox:
         The restored sandbox keeps the snapshot's image, cpu and memory; `keep_warm_seconds`
         comes from this Sandbox. Raises SnapshotNotFound for an unknown id.
         """
+        check_id(snapshot_id, errors.SnapshotNotFound, "snapshot")
         c = self._client()
         info = _info(c.request("POST", f"/snapshots/{snapshot_id}/restore",
                                json={"keep_warm_seconds": self.keep_warm_seconds, "tags": self.tags}))
@@ -148,6 +157,7 @@ class Sandbox:
     def connect(self, sandbox_id: str) -> "SandboxInstance":
         """A handle on an existing sandbox (e.g. one made by another process); a paused
         sandbox is resumed first. Raises SandboxNotFound."""
+        check_id(sandbox_id, errors.SandboxNotFound, "sandbox")
         c = self._client()
         info = _info(c.request("GET", f"/sandboxes/{sandbox_id}"))
         if info.state == "paused":
@@ -156,6 +166,14 @@ class Sandbox:
 
 
 MAX_TRANSFER_BYTES = 64 * 1024 * 1024  # the agent's per-file read limit
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_id(value: object, error: type[errors.RollboxError], what: str) -> str:
+    """An id that can be part of a URL path; anything else cannot exist (raises `error`)."""
+    if not isinstance(value, str) or not _ID.fullmatch(value):
+        raise error(f"{what} {value!r} not found (ids look like 'sb-...' / 'sn-...')")
+    return value
 
 
 class SandboxFileSystem:
@@ -286,7 +304,7 @@ class SandboxInstance:
         Args:
             *args: the command and its arguments, e.g. `exec("python3", "-c", "print(1)")`.
             timeout: seconds; on expiry the command's whole process tree (children, background
-                jobs, setsid'd descendants) is killed and the result has `timed_out=True`,
+                jobs, setsid'd descendants that keep their environment) is killed and the result has `timed_out=True`,
                 `exit_code=None`. None: no limit.
             env: extra environment variables. cwd: working directory (default $HOME).
             stdin: bytes (or UTF-8 str) fed to stdin, then closed; None closes stdin at once.
@@ -300,6 +318,10 @@ class SandboxInstance:
             SandboxTerminated: the sandbox was terminated before. SandboxLost: it died mid-exec
                 for a reason other than memory (memory gives `oom_killed=True`).
         """
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))):
+            raise errors.InvalidArgument(f"timeout={timeout!r} must be a number of seconds or None")
+        if max_output is not None and (isinstance(max_output, bool) or not isinstance(max_output, int)):
+            raise errors.InvalidArgument(f"max_output={max_output!r} must be an int (bytes) or None")
         if len(args) == 1 and isinstance(args[0], (list, tuple)):
             args = tuple(args[0])
         sin = None

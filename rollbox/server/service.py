@@ -813,6 +813,8 @@ class SandboxService:
             raise errors.InvalidArgument("exec needs a non-empty list of string arguments, e.g. exec('python3', '-c', 'print(1)')")
         if any("\0" in a for a in argv):
             raise errors.InvalidArgument("exec arguments cannot contain NUL bytes")
+        if not argv[0]:
+            raise errors.InvalidArgument("exec's command (its first argument) is empty")
         if sum(len(a) for a in argv) + sum(len(k) + len(v) for k, v in (env or {}).items()) > ARG_MAX:
             raise errors.InvalidArgument(f"exec arguments and environment exceed {ARG_MAX} bytes; pass large "
                                          "data as stdin or a file (sb.fs.write_file)")

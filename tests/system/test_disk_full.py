@@ -47,7 +47,8 @@ def small_home(paths, tmp_path_factory):  # type: ignore[no-untyped-def]
 
 def test_disk_full_snapshot_and_volume(small_home) -> None:
     small, client = small_home
-    sb = Sandbox(memory=256, client=client, volumes=[Volume("v", "/data", client=client)]).create()
+    # disk=None: the writable layer on the (small) host disk itself, which is what fills here.
+    sb = Sandbox(memory=256, disk=None, client=client, volumes=[Volume("v", "/data", client=client)]).create()
     sb.fs.write_file("/work/keep.txt", b"precious")
     good = sb.snapshot_memory()
     free_mib = os.statvfs(small.home).f_bavail * os.statvfs(small.home).f_frsize // 2**20

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -44,6 +45,6 @@ def test_restore_failures_are_counted(make_sandbox) -> None:
 
 def test_top_once_renders() -> None:
     out = subprocess.run([sys.executable, "-m", "rollbox", "top", "--once", "--interval", "0.2"],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
     assert "sandboxes" in out.stdout and "admission limit" in out.stdout
