@@ -63,6 +63,6 @@ def test_schemathesis_finds_no_server_error_or_hang(tcp_daemon, tmp_path) -> Non
          "--checks", "not_a_server_error", "--max-examples", str(SCHEMATHESIS_EXAMPLES), "--workers", "1",
          "--request-timeout", "90", "--seed", "1", "--phases", "fuzzing", "--max-failures", "10",
          "--report", "junit", "--report-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=600)
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)  # its cache stays out of the tree
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
     assert Client(tcp_daemon.url, token=tcp_daemon.token).request("GET", "/health")["ok"]
