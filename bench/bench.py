@@ -447,6 +447,9 @@ def pool_episodes_per_s(snap: str, concurrency: int, n: int) -> tuple[float, int
     return n / dt, bad
 
 
+RAY_ROW = True  # local vs Ray episodes/s (issue 9); off in --quick
+
+
 def ray_vs_local(snap: str, concurrency: int = 4, n: int = 32) -> dict[str, float] | None:
     """Episodes/s of the same batch through the local pool and the Ray backend on one machine
     (a local one-node Ray whose node actor adopts this run's daemon), interleaved twice;
@@ -818,7 +821,7 @@ def measure(tr: Tracker, raw: RawRunsc) -> dict[str, Any]:
     for c, n in POOL_RUNS:
         m["pool"][c] = pool_episodes_per_s(snap, c, n)
         log(f"pool c={c}: {m['pool'][c][0]:.2f} eps/s ({m['pool'][c][1]} not ok)")
-    m["ray"] = ray_vs_local(snap)
+    m["ray"] = ray_vs_local(snap) if RAY_ROW else None  # full mode: ~15 s of Ray start-up
     m["raw_eps"] = {}
     for c, n in RAW_EPISODE_RUNS:
         m["raw_eps"][c] = raw_episodes_per_s(raw, image, c, n)
@@ -872,6 +875,8 @@ def main(argv: list[str] | None = None) -> int:
         global TIER_RUNS, TIER_POOL_RUNS, N_TIER_TTFC, N_WARM_ACQUIRE, SCALE_TESTS
         TIER_RUNS, TIER_POOL_RUNS = [(1, 6), (4, 12), (16, 16), (64, 64)], [(1, 4), (4, 8), (16, 16)]
         N_TIER_TTFC, N_WARM_ACQUIRE, SCALE_TESTS = 6, 8, False
+        global RAY_ROW
+        RAY_ROW = False
         NET_CYCLES = int(os.environ.get("ROLLBOX_BENCH_NET_CYCLES", "0"))
     if os.geteuid() != 0:
         print("bench: run as root (runsc, overlay mounts and cgroups need it)", file=sys.stderr)
