@@ -459,6 +459,9 @@ def ray_vs_local(snap: str, concurrency: int = 4, n: int = 32) -> dict[str, floa
     except ImportError:
         log("ray not installed: skipping local vs ray")
         return None
+    # A throwaway local cluster: no auth token (one written to ~/.ray would turn auth on for
+    # later `ray start` clusters on this machine).
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=str(WORK / "ray"))
     try:
         rates: dict[str, list[float]] = {"local": [], "ray": []}

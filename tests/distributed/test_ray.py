@@ -38,6 +38,10 @@ from rollbox.sdk.sandbox import default_client  # noqa: E402
 
 pytestmark = pytest.mark.system
 
+# Ray 2.60 turns token auth on once ~/.ray/auth_token exists (any earlier local ray.init writes
+# it), and a second `ray start` then failed to reach the head's GCS: these throwaway local
+# clusters run without it, in this process and in the `ray start` children.
+os.environ["RAY_AUTH_MODE"] = "disabled"
 N1 = Path(os.environ.get("ROLLBOX_RAY_N1", "/var/lib/rollbox-ray-n1"))
 N2 = Path(os.environ.get("ROLLBOX_RAY_N2", "/var/lib/rollbox-ray-n2"))
 RAY_BIN = str(Path(sys.executable).parent / "ray")
