@@ -36,9 +36,15 @@ def _client():  # type: ignore[no-untyped-def]
 @app.command()
 def serve(listen: str = typer.Option("", help="also serve on TCP at HOST:PORT for remote clients; every "
                                              "request then needs `Authorization: Bearer` with the token in "
-                                             "ROLLBOX_HOME/token (or ROLLBOX_TOKEN)")) -> None:
+                                             "ROLLBOX_HOME/token (or ROLLBOX_TOKEN)"),
+          platform: str = typer.Option("", help="gVisor platform for every sandbox of this daemon: systrap "
+                                                "(default; fast syscalls, ~5% of a core per idle sandbox) or "
+                                                "ptrace (idles at ~0%, syscalls ~10x slower); env ROLLBOX_PLATFORM")) -> None:
     """Run the daemon in the foreground (the SDK starts one on demand)."""
+    from ..runtime.runsc import platform_from_env
     from ..server.daemon import serve as _serve
+    if platform:
+        os.environ["ROLLBOX_PLATFORM"] = platform_from_env(platform)
     _serve(Paths.from_env(), listen or None)
 
 

@@ -18,7 +18,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..errors import RuntimeMissing, SandboxLost
+from ..errors import InvalidArgument, RuntimeMissing, SandboxLost
 from .driver import RunResult
 
 INSTALL_HINT = (
@@ -50,6 +50,26 @@ def runsc_processes(container_id: str) -> list[tuple[int, str]]:
 
 RunscResult = RunResult  # the name this module used before the driver protocol
 
+# gVisor platforms that work on this machine kind (PLATFORM.md: kvm hangs on its kvm_pvm).
+# Measured here with runsc 20240729 (bench/bench.py, README "Platforms"): systrap costs an idle
+# sandbox ~5% of a core (upstream google/gvisor#10793, #13361) but runs syscalls ~10x faster;
+# ptrace idles at ~0% and spawns processes slightly faster. Both checkpoint and restore.
+PLATFORMS = ("systrap", "ptrace")
+DEFAULT_PLATFORM = "systrap"
+
+
+def platform_from_env(value: str | None = None) -> str:
+    """The gVisor platform named by `value` or ROLLBOX_PLATFORM (default systrap).
+
+    Raises:
+        InvalidArgument: a platform not in PLATFORMS.
+    """
+    name = (value if value is not None else os.environ.get("ROLLBOX_PLATFORM", "")).strip() or DEFAULT_PLATFORM
+    if name not in PLATFORMS:
+        raise InvalidArgument(f"unknown gVisor platform {name!r} (ROLLBOX_PLATFORM / --platform): "
+                              f"use one of {', '.join(PLATFORMS)}")
+    return name
+
 
 class Runsc:
     """Runs runsc verbs against one state root (`--root`). Safe to share between tasks.
@@ -59,7 +79,7 @@ class Runsc:
     name = "gvisor"
     supports_snapshots = True
 
-    def __init__(self, root: Path, *, binary: str | None = None, platform: str = "systrap",
+    def __init__(self, root: Path, *, binary: str | None = None, platform: str = DEFAULT_PLATFORM,
                  network: str = "none") -> None:
         self.root = root
         self.binary = binary or shutil.which("runsc") or ""
@@ -71,14 +91,17 @@ class Runsc:
         if not self.binary or not os.access(self.binary, os.X_OK):
             raise RuntimeMissing(f"gVisor runsc is not installed: {INSTALL_HINT}")
 
-    def argv(self, *verb: str, networked: bool = False, gpu: bool = False, privileged: bool = False) -> list[str]:
+    def argv(self, *verb: str, networked: bool = False, gpu: bool = False, privileged: bool = False,
+             platform: str | None = None) -> list[str]:
+        """platform: this command's gVisor platform (default: the daemon's); a restore must use
+        the platform its checkpoint was taken on (a systrap image does not restore on ptrace)."""
         self.check()
         net = ["--network=sandbox", "--net-disconnect-ok"] if networked else [f"--network={self.network}"]
         # nvproxy: the sandbox's GPU ioctls go to the host driver (gvisor.dev/docs/user_guide/gpu).
         nv = ["--nvproxy", "--nvproxy-docker"] if gpu else []
         if privileged:
             nv.append("--net-raw")  # Docker inside needs raw sockets
-        return [self.binary, "--root", str(self.root), f"--platform={self.platform}", *net, *nv,
+        return [self.binary, "--root", str(self.root), f"--platform={platform or self.platform}", *net, *nv,
                 "--overlay2=none", *verb]
 
     async def run(self, *verb: str, timeout: float = 60.0) -> RunscResult:
@@ -95,7 +118,7 @@ class Runsc:
 
     async def start_detached(self, verb: str, container_id: str, bundle: Path, *, stdin_fd: int,
                              stdout_fd: int, log_path: Path, extra: tuple[str, ...] = (), networked: bool = False, gpu: bool = False,
-                             privileged: bool = False,
+                             privileged: bool = False, platform: str | None = None,
                              timeout: float = 60.0) -> RunscResult:
         """`runsc run|restore -detach`: the sandbox inherits stdin/stdout (the agent channel).
 
@@ -104,7 +127,7 @@ class Runsc:
         networked: gVisor's netstack in the network namespace named by the bundle's spec.
         """
         argv = self.argv(verb, "-detach", *extra, "--bundle", str(bundle), container_id, networked=networked, gpu=gpu,
-                         privileged=privileged)
+                         privileged=privileged, platform=platform)
         if networked:
             argv = [*NETNS_WRAPPER, *argv]
         with open(log_path, "ab") as log:

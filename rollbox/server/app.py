@@ -151,7 +151,7 @@ def create_app(service: SandboxService) -> FastAPI:
     async def health() -> dict[str, Any]:
         import os
         return {"ok": True, "version": __version__, "pid": os.getpid(), "sandboxes": len(service.live),
-                "network": service.net.stats()}
+                "platform": getattr(service.runsc, "platform", None), "network": service.net.stats()}
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -22,7 +22,7 @@ import uvicorn
 from ..config import Paths
 from ..errors import RollboxError
 from ..runtime.reaper import become_subreaper
-from ..runtime.runsc import Runsc
+from ..runtime.runsc import Runsc, platform_from_env
 from .app import create_app
 from .auth import BearerAuth, load_or_create_token, secure_socket
 from . import watchdog
@@ -82,8 +82,9 @@ async def serve_async(paths: Paths, listen: str | None = None) -> None:
     paths.ensure()
     lock = _lock(paths)
     become_subreaper()
-    runsc = Runsc(paths.runsc_root)
+    runsc = Runsc(paths.runsc_root, binary=os.environ.get("ROLLBOX_RUNSC") or None, platform=platform_from_env())
     runsc.check()
+    log.info("gVisor platform: %s (%s)", runsc.platform, runsc.binary)
     store = Store(paths.db)
     service = SandboxService(paths, runsc, store)
     summary = await watchdog.recover(service)

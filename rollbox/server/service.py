@@ -38,7 +38,7 @@ from ..runtime.reaper import Reaper
 from ..runtime.rootfs import copy_tree, disk_free_bytes, mount_disk, mount_overlay, remove_tree, unmount
 from ..runtime.driver import Driver, check_runtime, no_snapshots
 from ..runtime.runc import Runc
-from ..runtime.runsc import Runsc
+from ..runtime.runsc import DEFAULT_PLATFORM, Runsc
 from ..snapshots.store import SnapshotMeta, SnapshotStore, new_snapshot_id
 from ..types import SandboxInfo
 from ..volumes.store import VolumeStore, check_mount_path, check_name
@@ -171,6 +171,7 @@ class Live:
     user: str | None = None
     disk_mib: int | None = None
     runtime: str = "gvisor"
+    platform: str = ""  # gVisor platform it runs on (its checkpoints restore only there)
 
 
 class SandboxService:
@@ -312,6 +313,8 @@ class SandboxService:
         # Which runtime owns the container: teardown (also after a daemon crash) reads it here.
         (d / "runtime").write_text(runtime)
         driver = self.drivers[runtime]
+        platform = "" if runtime != "gvisor" else (
+            (snapshot.platform or DEFAULT_PLATFORM) if snapshot is not None else self.runsc.platform)
         key = bytes.fromhex(snapshot.agent_key) if snapshot is not None else secrets.token_bytes(32)
         channel = AgentChannel(sandbox_id, d / "in", d / "out", key)
         slot: Slot | None = None
@@ -352,7 +355,8 @@ class SandboxService:
                     ck = str(self.snapshots.checkpoint_dir(snapshot.snapshot_id))
                     res = await self.runsc.start_detached("restore", cid, d, stdin_fd=sb_in, stdout_fd=sb_out,
                                                           log_path=d / "runsc.log", timeout=BOOT_TIMEOUT_S,
-                                                          extra=("--image-path", ck), networked=slot is not None)
+                                                          extra=("--image-path", ck), networked=slot is not None,
+                                                          platform=platform)
                 channel.open()
             finally:
                 os.close(sb_in)
@@ -392,12 +396,14 @@ class SandboxService:
             raise
         cfg = self.images.meta(image_id).image_config
         lv = Live(sandbox_id, channel, image_id, cpu, memory_mib, env, keep_warm_seconds, volumes=volumes, key=key,
-                  net=net, workdir=cfg.working_dir, user=cfg.user, disk_mib=disk_mib, runtime=runtime)
+                  net=net, workdir=cfg.working_dir, user=cfg.user, disk_mib=disk_mib, runtime=runtime,
+                  platform=platform)
         self.live[sandbox_id] = lv
         # What a restarted daemon needs to re-adopt this sandbox as it was (watchdog.recover).
         fd = os.open(d / "live.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump({"env": env, "workdir": lv.workdir, "user": lv.user, "disk_mib": disk_mib}, f)
+            json.dump({"env": env, "workdir": lv.workdir, "user": lv.user, "disk_mib": disk_mib,
+                       "platform": platform}, f)
         now = time.time()
         net_cols = self._net_columns(sandbox_id, net)
         if resume:
@@ -906,7 +912,8 @@ class SandboxService:
             await asyncio.to_thread(copy_tree, self.upper_dir(sandbox_id), self.snapshots.upper_dir(sid))
             self.snapshots.write_meta(SnapshotMeta(sid, sandbox_id, lv.image_id, lv.cpu, lv.memory_mib, lv.env,
                                                    time.time(), internal, lv.volumes, kind, lv.key.hex(),
-                                                   lv.net.to_wire() if lv.net else None, lv.disk_mib))
+                                                   lv.net.to_wire() if lv.net else None, lv.disk_mib,
+                                                   lv.platform))
             self.store.insert_snapshot(sid, sandbox_id, lv.image_id, internal, kind,
                                        None if ttl_s is None else time.time() + ttl_s)
         except BaseException:

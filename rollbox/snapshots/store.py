@@ -37,6 +37,7 @@ class SnapshotMeta:
     # NetworkSpec.to_wire() of a networked source (its netstack needs an interface on restore).
     network: dict[str, Any] | None = None
     disk_mib: int | None = None  # the source's writable-layer cap; copies get the same
+    platform: str = ""  # gVisor platform of the checkpoint ("" from before it was kept: systrap)
 
 
 def new_snapshot_id() -> str:

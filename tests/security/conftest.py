@@ -14,7 +14,7 @@ import pytest
 
 from rollbox.client.transport import stop_daemon
 from rollbox.config import Paths
-from tests.system.conftest import make_sandbox, paths, sandbox  # noqa: F401 - shared fixtures
+from tests.system.conftest import make_sandbox, paths, sandbox, side_home  # noqa: F401 - shared fixtures
 
 
 @dataclass(frozen=True)
@@ -33,13 +33,9 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def tcp_daemon(paths) -> Iterator[TcpDaemon]:  # type: ignore[no-untyped-def]
     """A second daemon on its own state directory, listening on loopback TCP with a token."""
-    home = Path(str(paths.home) + "-tcp")
-    p = Paths(home)
+    p = side_home(paths, "tcp")
+    home = p.home
     stop_daemon(p)
-    p.ensure()
-    for img in paths.images.iterdir():  # hard links: image layers are read-only
-        if not (p.images / img.name).exists():
-            subprocess.run(["cp", "-al", str(img), str(p.images / img.name)], check=True)
     (home / "token").unlink(missing_ok=True)
     port = _free_port()
     env = dict(os.environ, ROLLBOX_HOME=str(home))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +28,17 @@ pytestmark = pytest.mark.system
 @pytest.fixture(scope="session")
 def paths() -> Paths:
     return Paths.from_env()
+
+
+def side_home(paths: Paths, suffix: str) -> Paths:
+    """A second daemon's state directory next to the test home, with the test home's images
+    hard-linked in (image layers are read-only), so that it boots without building any."""
+    p = Paths(Path(f"{paths.home}-{suffix}"))
+    p.ensure()
+    for img in paths.images.iterdir():
+        if not (p.images / img.name).exists():
+            subprocess.run(["cp", "-al", str(img), str(p.images / img.name)], check=True)
+    return p
 
 
 @pytest.fixture

@@ -196,6 +196,16 @@ fn load_key() -> Vec<u8> {
 }
 
 fn main() {
+    // Run by hand (e.g. `rollbox-agent --version` inside a sandbox), it would wait forever on a
+    // stdin that is not the daemon's channel: say what it is and stop instead.
+    if let Some(arg) = std::env::args().nth(1) {
+        let version = arg == "--version" || arg == "-V";
+        let msg = format!("rollbox-agent {} (protocol {}): the in-sandbox agent, started by the rollbox daemon as \
+                           a sandbox's PID 1; it takes no arguments\n", env!("CARGO_PKG_VERSION"), ops::PROTOCOL);
+        let fd = if version { 1 } else { 2 };
+        unsafe { sys::write(fd, msg.as_ptr() as *const _, msg.len()) };
+        std::process::exit(if version { 0 } else { 2 });
+    }
     unsafe {
         sys::signal(13, sys::SIG_IGN); // SIGPIPE: a gone reader is an error return, not death
         // As PID 1 we should not die of a stray signal from a process in the sandbox.

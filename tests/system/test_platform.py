@@ -1,0 +1,103 @@
+"""The gVisor platform is a daemon setting (ROLLBOX_PLATFORM / `rollbox serve --platform`):
+systrap by default, ptrace for fleets that mostly idle. A checkpoint restores on the platform
+it was taken on, whatever the restoring daemon's default."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from rollbox import Image, Sandbox
+from rollbox.client.transport import Client, stop_daemon
+from rollbox.config import Paths
+from rollbox.errors import DaemonUnavailable
+from tests.system.conftest import side_home
+
+
+def _sandbox_cpu_ticks(cid: str) -> int:
+    """utime + stime (clock ticks) of the runsc processes serving one container."""
+    from rollbox.runtime.runsc import runsc_processes
+    total = 0
+    for pid, _ in runsc_processes(cid):
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total
+
+
+@pytest.fixture
+def ptrace_daemon(paths: Paths, monkeypatch: pytest.MonkeyPatch) -> Iterator[Client]:
+    p = side_home(paths, "ptrace")
+    stop_daemon(p)
+    monkeypatch.setenv("ROLLBOX_PLATFORM", "ptrace")  # the SDK starts the daemon with its env
+    client = Client(paths=p)
+    client.request("GET", "/health")  # starts it now, while the variable is set
+    monkeypatch.delenv("ROLLBOX_PLATFORM")
+    try:
+        yield client
+    finally:
+        for row in client.request("GET", "/sandboxes"):
+            client.request("DELETE", f"/sandboxes/{row['sandbox_id']}")
+        stop_daemon(p)
+
+
+def test_ptrace_daemon_runs_snapshots_and_idles(ptrace_daemon: Client) -> None:
+    assert ptrace_daemon.request("GET", "/health")["platform"] == "ptrace"
+    sb = Sandbox(image=Image.debian(), client=ptrace_daemon).create()
+    try:
+        assert sb.exec("sh", "-c", "echo 7 > /tmp/n && cat /tmp/n").stdout == b"7\n"
+        cid = sb.sandbox_id.removeprefix("sb-")
+        time.sleep(1)
+        t0 = _sandbox_cpu_ticks(cid)
+        time.sleep(5)
+        used = (_sandbox_cpu_ticks(cid) - t0) / os.sysconf("SC_CLK_TCK")
+        # systrap spends ~0.25 s of CPU here (5% of a core); ptrace's idle sandbox sleeps.
+        assert used < 0.1, f"an idle ptrace sandbox used {used:.2f} CPU s in 5 s"
+        snap = sb.snapshot_memory()
+    finally:
+        sb.terminate()
+    copy = Sandbox(client=ptrace_daemon).create_from_memory_snapshot(snap)
+    try:
+        assert copy.exec("cat", "/tmp/n").stdout == b"7\n"
+    finally:
+        copy.terminate()
+
+
+def test_a_checkpoint_restores_on_its_own_platform(ptrace_daemon: Client) -> None:
+    """A snapshot taken by the default (systrap) daemon restores on a ptrace daemon sharing
+    its state directory: the restore runs on systrap, as the checkpoint was taken."""
+    src = Sandbox(image=Image.debian()).create()  # the suite's daemon: systrap
+    try:
+        src.exec("sh", "-c", "echo from-systrap > /tmp/origin")
+        snap = src.snapshot_memory()
+    finally:
+        src.terminate()
+    default = Client()
+    default_home = default.paths
+    stop_daemon(default_home)
+    os.environ["ROLLBOX_PLATFORM"] = "ptrace"
+    try:
+        other = Client(paths=default_home)  # the same state directory, now on ptrace
+        assert other.request("GET", "/health")["platform"] == "ptrace"
+    finally:
+        del os.environ["ROLLBOX_PLATFORM"]
+    try:
+        copy = Sandbox(client=other).create_from_memory_snapshot(snap)
+        try:
+            assert copy.exec("cat", "/tmp/origin").stdout == b"from-systrap\n"
+        finally:
+            copy.terminate()
+    finally:
+        stop_daemon(default_home)  # the next test's SDK call restarts it on systrap
+        other.request("DELETE", f"/snapshots/{snap}")
+
+
+def test_an_unknown_platform_is_refused_with_the_choices(paths: Paths, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = side_home(paths, "badplatform")
+    stop_daemon(p)
+    monkeypatch.setenv("ROLLBOX_PLATFORM", "kvm-please")
+    with pytest.raises(DaemonUnavailable, match="systrap, ptrace"):
+        Client(paths=p).request("GET", "/health")

@@ -1,0 +1,31 @@
+"""runsc command lines: the platform flag (daemon default, per-command override for restores)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rollbox.errors import InvalidArgument
+from rollbox.runtime.runsc import PLATFORMS, Runsc, platform_from_env
+
+
+def test_platform_defaults_to_systrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ROLLBOX_PLATFORM", raising=False)
+    assert platform_from_env() == "systrap"
+    monkeypatch.setenv("ROLLBOX_PLATFORM", " ptrace ")
+    assert platform_from_env() == "ptrace"
+    assert platform_from_env("systrap") == "systrap"  # an explicit value wins over the variable
+
+
+@pytest.mark.parametrize("bad", ["kvm", "SYSTRAP", "ptrace --debug"])
+def test_an_unknown_platform_names_the_choices(bad: str) -> None:
+    with pytest.raises(InvalidArgument, match=", ".join(PLATFORMS)):
+        platform_from_env(bad)
+
+
+def test_argv_uses_the_daemon_platform_unless_a_command_names_its_own() -> None:
+    r = Runsc(Path("/run/x"), binary="/bin/true", platform="ptrace")
+    assert "--platform=ptrace" in r.argv("list")
+    restore = r.argv("restore", platform="systrap")
+    assert "--platform=systrap" in restore and "--platform=ptrace" not in restore
