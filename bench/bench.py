@@ -61,12 +61,12 @@ from typing import Any
 from rollbox.client.transport import stop_daemon
 from rollbox.config import Paths
 from rollbox.errors import RollboxError
-from rollbox.network.netns import NetLayout
 from rollbox.runtime.bundle import BundleSpec, oci_spec
 from rollbox.runtime.reaper import Reaper, become_subreaper
 from rollbox.sdk.image import Image
 from rollbox.sdk.pool import SandboxPool
 from rollbox.sdk.sandbox import Sandbox, SandboxInstance, default_client
+from rollbox.server import inventory
 
 from . import scale
 
@@ -386,18 +386,12 @@ def rollbox_restore(tr: Tracker, snap: str) -> float:
     return ms
 
 
-def net_leftovers(home: str) -> dict[str, int]:
-    """What rollbox's networking holds on the host now: namespaces, host links, firewall
-    elements and port listeners (the daemon's own count)."""
-    layout = NetLayout.for_home(home)
-    nss = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-           if n.startswith(layout.prefix + "-")]
-    links = [ln for ln in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()
-             if ln.split(":")[1].strip().startswith(layout.prefix)]
-    out = subprocess.run(["nft", "-j", "list", "map", "inet", layout.table, "egress"], capture_output=True, text=True)
-    elems = len(json.loads(out.stdout)["nftables"][1]["map"].get("elem", [])) if out.returncode == 0 else 0
+def net_leftovers() -> dict[str, int]:
+    """What rollbox's networking holds on the host now, counted from the host's side
+    (rollbox.server.inventory), plus the daemon's own count of listeners and slots."""
     health = default_client().request("GET", "/health")["network"]
-    return {"netns": len(nss), "links": len(links), "nft_elements": elems, "listeners": health["ports"],
+    inv = inventory.take(Paths.from_env(), ready_slots=health["ready"])
+    return {"netns": inv.netns, "links": inv.links, "nft_elements": inv.nft_elements, "listeners": health["ports"],
             "in_use": health["in_use"], "ready": health["ready"]}
 
 
@@ -412,7 +406,7 @@ def net_churn(cycles: int, concurrency: int = 4) -> dict[str, Any]:
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(concurrency) as ex:
         list(ex.map(one, range(cycles)))
-    left = net_leftovers(os.environ.get("ROLLBOX_HOME", str(SHARED_HOME)))
+    left = net_leftovers()
     ready = left["ready"]
     return {"cycles": cycles, "seconds": round(time.perf_counter() - t0, 1), **left,
             "leaked": (left["netns"] - 2 * ready) + (left["links"] - ready) + (left["nft_elements"] - ready)
