@@ -223,3 +223,49 @@ def test_builder_never_writes_through_symlinks_a_step_made(tmp_path: Path, make_
     sb = make_sandbox(image=Image.debian().add_local_file(tool, "/bin/mytool"), memory=256)
     assert sb.exec("mytool").text().strip() == "tool-ok"
     assert sb.exec("sh", "-c", "ls /usr/bin/mytool && true").exit_code == 0
+
+
+def _tiny_oci_layout(path: Path) -> None:
+    """An image with no shell, no Python and no libc: one layer holding a text file."""
+    layer = path.parent / "tiny-layer.tar"
+    with tarfile.open(layer, "w") as tf:
+        data = b"no python here\n"
+        info = tarfile.TarInfo("etc/hello")
+        info.size = len(data)
+        tf.addfile(info, __import__("io").BytesIO(data))
+    blobs = path / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+
+    def add(raw: bytes) -> dict[str, object]:
+        d = _sha(raw)
+        (blobs / d[7:]).write_bytes(raw)
+        return {"digest": d, "size": len(raw)}
+
+    lay = add(layer.read_bytes())
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"]},
+                         "rootfs": {"type": "layers", "diff_ids": [lay["digest"]]}}).encode()
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **add(config)},
+                           "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **lay}]}).encode()
+    (path / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    (path / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json", **add(manifest),
+         "annotations": {"org.opencontainers.image.ref.name": "tiny"}}]}))
+
+
+@pytest.mark.skipif(not (Path(rollbox.__file__).parent / "runtime" / "agent" / "rollbox-agent").exists(),
+                    reason="the native agent is not built (`make agent` needs cargo)")
+def test_an_image_without_python_or_a_shell_boots_on_the_native_agent(tmp_path: Path, make_sandbox) -> None:
+    layout = tmp_path / "tiny"
+    _tiny_oci_layout(layout)
+    sb = make_sandbox(image=Image.from_oci_layout(layout, ref="tiny"), memory=256)
+    assert sb.fs.read_file("/etc/hello") == b"no python here\n"
+    sb.fs.write_file("/work/out.txt", b"written")
+    assert sb.exec("python3", "-c", "1").exit_code == 127  # nothing to run but what we bring
+    r = sb.exec("/.rollbox/rollbox-agent", "--version")  # a static binary runs
+    assert r.exit_code == 0 and r.stdout.startswith(b"rollbox-agent "), r
+    copy = Sandbox().create_from_memory_snapshot(sb.snapshot_memory())  # and snapshots
+    try:
+        assert copy.fs.read_file("/work/out.txt") == b"written"
+    finally:
+        copy.terminate()

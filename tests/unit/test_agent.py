@@ -303,3 +303,14 @@ def test_unsigned_or_forged_requests_are_ignored(agent) -> None:  # type: ignore
     rid = agent.send("ping")
     assert agent.wait_reply(rid)["ok"]
     assert 777 not in agent._replies
+
+
+def test_a_missing_home_falls_back_to_root_but_a_missing_cwd_is_an_error(agent, tmp_path):
+    # An image without /root (distroless, scratch) must still run commands: cwd defaults to
+    # HOME only where that directory exists, else / (as Docker does).
+    r = agent.exec(["pwd"], env={"HOME": str(tmp_path / "no-such-home")})
+    assert r["exit_code"] == 0 and r["stdout_raw"] == b"/\n"
+    r = agent.exec(["pwd"], env={"HOME": str(tmp_path)})
+    assert os.path.realpath(r["stdout_raw"].decode().strip()) == os.path.realpath(tmp_path)
+    r = agent.exec(["pwd"], cwd=str(tmp_path / "asked-for"))
+    assert r["exit_code"] == 126 and b"no such working directory" in r["stderr_raw"]

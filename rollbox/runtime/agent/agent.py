@@ -262,7 +262,7 @@ def op_spawn(req):
     env = dict(os.environ)
     env.update(_identity["env"])
     env.update(req.get("env") or {})
-    cwd = req.get("cwd") or env.get("HOME") or "/"
+    cwd = req.get("cwd") or _home_or_root(env)
     try:
         extra = _user_kwargs(req.get("user"))
         with open(req.get("log") or "/dev/null", "ab") as out:
@@ -272,6 +272,12 @@ def op_spawn(req):
     except OSError as e:
         raise ValueError("cannot start %r: %s" % (req["argv"][:1], e))
     return {"pid": proc.pid}
+
+
+def _home_or_root(env):
+    """No cwd asked for: HOME, or / when the image has no such directory (as Docker does)."""
+    home = env.get("HOME")
+    return home if home and os.path.isdir(home) else "/"
 
 
 def op_exec(req):
@@ -284,7 +290,7 @@ def op_exec(req):
     env.update(_identity["env"])
     env.update(req.get("env") or {})
     env[MARK] = mark
-    cwd = req.get("cwd") or env.get("HOME") or "/"
+    cwd = req.get("cwd") or _home_or_root(env)
     stdin_data = base64.b64decode(req["stdin"]) if req.get("stdin") is not None else None
 
     start = time.monotonic()

@@ -207,7 +207,11 @@ fn prepare(req: &Value, env: &[(Vec<u8>, Vec<u8>)]) -> Result<Prepared, Refusal>
     let argv = str_list(req, "argv")?;
     let cwd = match opt_bytes(req, "cwd")? {
         Some(c) => c.to_vec(),
-        None => env_get(env, b"HOME").filter(|h| !h.is_empty()).unwrap_or(b"/").to_vec(),
+        // No cwd asked for: HOME, or / when the image has no such directory (as Docker does).
+        None => env_get(env, b"HOME")
+            .filter(|h| !h.is_empty() && fs::metadata(os(h)).map(|m| m.is_dir()).unwrap_or(false))
+            .unwrap_or(b"/")
+            .to_vec(),
     };
     let user = match req.get("user") {
         None | Some(Value::Null) => Vec::new(),
