@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -54,3 +55,20 @@ def test_daemon_crash_and_restart(paths) -> None:
         survivor.terminate()
     assert host_traces(paths, survivor.sandbox_id) == []
     assert default_client().request("GET", "/health")["ok"]
+
+
+def test_a_restarted_daemon_readopts_a_sandbox_as_it_was_started(paths) -> None:
+    """live.json: env, disk cap and platform survive a daemon crash, so commands run as before
+    and a snapshot taken after the restart carries the same cap and platform."""
+    sb = Sandbox(memory=256, env={"EPISODE": "e-17"}, disk=64).create()
+    try:
+        _kill_daemon(paths)
+        r = sb.exec("sh", "-c", 'echo "$EPISODE"')  # starts a fresh daemon, which re-adopts it
+        assert r.stdout == b"e-17\n"
+        snap = sb.snapshot_memory()
+        meta = json.loads((paths.snapshots / snap / "meta.json").read_text())
+        assert meta["disk_mib"] == 64 and meta["env"] == {"EPISODE": "e-17"} and meta["platform"] == "systrap"
+        default_client().request("DELETE", f"/snapshots/{snap}")
+    finally:
+        sb.terminate()
+    assert host_traces(paths, sb.sandbox_id) == []
