@@ -306,10 +306,12 @@ class SandboxInstance:
             timeout: seconds; on expiry the command's whole process tree (children, background
                 jobs, setsid'd descendants that keep their environment) is killed and the result has `timed_out=True`,
                 `exit_code=None`. None: no limit.
-            env: extra environment variables. cwd: working directory (default $HOME).
+            env: extra environment variables. cwd: working directory (default: the image's
+                WorkingDir, else $HOME where that directory exists, else /).
             stdin: bytes (or UTF-8 str) fed to stdin, then closed; None closes stdin at once.
-            max_output: bytes kept per stream (default 8 MiB, the daemon's cap); more is
-                drained and dropped, and `truncated=True`.
+            max_output: bytes kept per stream (default 8 MiB; at most 64 MiB); more is
+                drained and dropped, and `truncated=True`. 0 keeps nothing (the byte counts
+                `stdout_bytes`/`stderr_bytes` still say how much there was).
 
         Returns:
             ExecResult. A nonzero exit is not an exception.

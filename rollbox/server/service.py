@@ -839,7 +839,7 @@ class SandboxService:
             reply = await self._request(
                 lv, "exec", None if timeout is None else timeout + 30.0, argv=argv, env=env or {}, cwd=cwd or lv.workdir,
                 user=lv.user,
-                stdin=stdin, timeout=timeout, max_output=max_output or DEFAULT_MAX_OUTPUT)
+                stdin=stdin, timeout=timeout, max_output=DEFAULT_MAX_OUTPUT if max_output is None else max_output)
         except errors.RollboxError:
             # Running out of memory ends the whole sandbox: report it on the exec that did it.
             if lv.exit_reason == "oom" or cgroups.oom_killed(container_id(sandbox_id), self.cg):

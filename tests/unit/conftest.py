@@ -183,10 +183,6 @@ class AgentProcess:
         """An exec as the image's `User` would run it (a name, uid, name:group or uid:gid)."""
         return self.wait_reply(self.send("exec", argv=argv, user=user, env={}), wait)
 
-    def exec_as(self, argv: list[str], *, user: str, wait: float = 15.0) -> dict[str, Any]:
-        """An exec as the image's `User` would run it (a name, uid, name:group or uid:gid)."""
-        return self.wait_reply(self.send("exec", argv=argv, user=user, env={}), wait)
-
     def mark_prefix(self) -> bytes:
         """Every exec of this agent carries MARK=<agent pid>-<random token>."""
         return f"{MARK}={self.pid}-".encode()

@@ -314,3 +314,10 @@ def test_a_missing_home_falls_back_to_root_but_a_missing_cwd_is_an_error(agent, 
     assert os.path.realpath(r["stdout_raw"].decode().strip()) == os.path.realpath(tmp_path)
     r = agent.exec(["pwd"], cwd=str(tmp_path / "asked-for"))
     assert r["exit_code"] == 126 and b"no such working directory" in r["stderr_raw"]
+
+
+def test_max_output_zero_keeps_nothing_but_counts(agent):
+    r = agent.exec(["sh", "-c", "echo hello; echo oops >&2"], max_output=0)
+    assert r["exit_code"] == 0
+    assert r["stdout_raw"] == b"" and r["stderr_raw"] == b""
+    assert r["stdout_bytes"] == 6 and r["stderr_bytes"] == 5 and r["truncated"] is True

@@ -283,7 +283,7 @@ def _home_or_root(env):
 def op_exec(req):
     argv = req["argv"]
     timeout = req.get("timeout")
-    cap = int(req.get("max_output") or DEFAULT_MAX_OUTPUT)
+    cap = DEFAULT_MAX_OUTPUT if req.get("max_output") is None else int(req["max_output"])  # 0: keep nothing
     # Random, not the request id: a process must not learn which reply it could try to forge.
     mark = "%d-%s" % (os.getpid(), os.urandom(12).hex())
     env = dict(os.environ)

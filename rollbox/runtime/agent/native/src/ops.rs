@@ -268,8 +268,8 @@ fn hex(b: &[u8]) -> String {
 pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
     let start = Instant::now();
     let timeout = req.get_truthy("timeout").map(|v| v.as_f64().ok_or_else(|| OpError::bad("TypeError: timeout must be a number"))).transpose()?;
-    let cap = match req.get_truthy("max_output") {
-        None => DEFAULT_MAX_OUTPUT,
+    let cap = match req.get("max_output") {
+        None | Some(Value::Null) => DEFAULT_MAX_OUTPUT, // 0 keeps nothing (only the byte counts)
         Some(v) => v.as_f64().ok_or_else(|| OpError::bad("TypeError: max_output must be a number"))?.max(0.0) as u64,
     };
     let stdin_data = match req.get("stdin") {
