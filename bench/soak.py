@@ -3,7 +3,7 @@
     python -m bench.soak [--cycles 2000] [--concurrency 16]      (`make soak`)
 
 Every fourth sandbox is networked (its own namespaces, veth, firewall chain and a host port),
-the rest loopback-only. At the end every count of `rollbox.server.inventory` must be back to
+every tenth runs on the runc tier, the rest are loopback-only gVisor. At the end every count of `rollbox.server.inventory` must be back to
 where it started and no row may be live: the script prints the counts as a table and one JSON
 line, and exits 1 on any leak. The CI suite runs the same function with 200 cycles
 (tests/load/test_churn.py).
@@ -30,16 +30,18 @@ def _inventory() -> inventory.HostInventory:
     return inventory.take(Paths.from_env(), ready_slots=ready)
 
 
-def churn(cycles: int, concurrency: int = 16, networked_every: int = 4) -> dict[str, Any]:
-    """Runs `cycles` create -> exec -> terminate at `concurrency`; returns the counts before
-    and after, what leaked (after beyond before, per kind), failures and rates."""
+def churn(cycles: int, concurrency: int = 16, networked_every: int = 4, runc_every: int = 10) -> dict[str, Any]:
+    """Runs `cycles` create -> exec -> terminate at `concurrency` (every `networked_every`th
+    networked, every `runc_every`th on the runc tier); returns the counts before and after,
+    what leaked (after beyond before, per kind), failures and rates."""
     tag = "churn-" + secrets.token_hex(4)
     before = _inventory()
     failures: list[str] = []
 
     def one(i: int) -> None:
         net = networked_every and i % networked_every == 0
-        sb = Sandbox(memory=256, tags={"rollbox.churn": tag},
+        runtime = "runc" if runc_every and i % runc_every == 1 else "gvisor"
+        sb = Sandbox(memory=256, tags={"rollbox.churn": tag}, runtime=runtime,
                      **({"ports": [8000]} if net else {})).create()  # type: ignore[arg-type]
         try:
             r = sb.exec("sh", "-c", "echo $((6*7)) > /root/x && cat /root/x")

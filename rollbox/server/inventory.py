@@ -31,9 +31,10 @@ class HostInventory:
     netns: int  # network namespaces named for this daemon
     links: int  # host network interfaces named for this daemon
     nft_elements: int  # elements in the daemon's egress firewall map
-    processes: int  # runsc processes of this state directory
+    processes: int  # runsc processes of this state directory (a runc container's show as runc_containers)
     state_entries: int  # entries in ROLLBOX_HOME/sandboxes
     ready_slots: int = 0  # prepared network slots (from the daemon; 0 when it is down)
+    runc_containers: int = 0  # runc tier containers still in runc's state root
 
     def leaked(self) -> dict[str, int]:
         """Every count beyond what the prepared network slots explain; all zero when clean."""
@@ -41,7 +42,7 @@ class HostInventory:
         return {"mounts": self.mounts, "loop_devices": self.loop_devices, "cgroups": self.cgroups,
                 "netns": max(0, self.netns - 2 * r), "links": max(0, self.links - r),
                 "nft_elements": max(0, self.nft_elements - r), "processes": self.processes,
-                "state_entries": self.state_entries}
+                "state_entries": self.state_entries, "runc_containers": self.runc_containers}
 
     def total_leaked(self) -> int:
         return sum(self.leaked().values())
@@ -86,4 +87,6 @@ def take(paths: Paths, ready_slots: int = 0) -> HostInventory:
             except OSError:
                 pass
     entries = len(os.listdir(paths.sandboxes)) if paths.sandboxes.is_dir() else 0
-    return HostInventory(mounts, loops, cg, nss, links, elems, procs, entries, ready_slots)
+    runc = paths.runc_root
+    runc_left = sum(1 for p in runc.iterdir() if (p / "state.json").is_file()) if runc.is_dir() else 0
+    return HostInventory(mounts, loops, cg, nss, links, elems, procs, entries, ready_slots, runc_left)
