@@ -45,13 +45,29 @@ def _read_int(path: Path, key: str | None = None) -> int | None:
     return None
 
 
-def oom_killed(container_id: str, parent: str = PARENT) -> bool:
-    """True when the kernel OOM-killed anything in the sandbox's memory cgroup (v1 or v2)."""
+def oom_kill_count(container_id: str, parent: str = PARENT) -> int:
+    """How many processes the kernel OOM-killed in the sandbox's memory cgroup so far (v1 or v2)."""
     for f in (CGROUP_ROOT / "memory" / parent / container_id / "memory.oom_control",
               CGROUP_ROOT / "unified" / parent / container_id / "memory.events"):
-        if (_read_int(f, "oom_kill") or 0) > 0:
-            return True
-    return False
+        n = _read_int(f, "oom_kill")
+        if n:
+            return n
+    return 0
+
+
+def oom_killed(container_id: str, parent: str = PARENT) -> bool:
+    """True when the kernel OOM-killed anything in the sandbox's memory cgroup (v1 or v2)."""
+    return oom_kill_count(container_id, parent) > 0
+
+
+def pids_max_count(container_id: str, parent: str = PARENT) -> int:
+    """How many forks the pids controller refused so far (`pids.events` "max"; v1 or v2)."""
+    for f in (CGROUP_ROOT / "pids" / parent / container_id / "pids.events",
+              CGROUP_ROOT / "unified" / parent / container_id / "pids.events"):
+        n = _read_int(f, "max")
+        if n:
+            return n
+    return 0
 
 
 def cpu_seconds(container_id: str, parent: str = PARENT) -> float | None:

@@ -834,6 +834,11 @@ class SandboxService:
             raise errors.InvalidArgument(f"timeout={timeout} must be a positive number of seconds, or None for no limit")
         lv = await self._running(sandbox_id)
         started = time.monotonic()
+        cid = container_id(sandbox_id)
+        # On runc the kernel's counters are per sandbox and cumulative: what this exec did is
+        # the difference (gVisor's own kernel reports its limits through the agent instead).
+        before = (cgroups.oom_kill_count(cid, self.cg), cgroups.pids_max_count(cid, self.cg)) \
+            if lv.runtime == "runc" else (0, 0)
         lv.busy += 1
         try:
             reply = await self._request(
@@ -851,9 +856,14 @@ class SandboxService:
             lv.last_active = time.monotonic()
             self.metrics.exec_seconds.observe(time.monotonic() - started)
         # On runc the kernel OOM-kills the process, not the sandbox (gVisor's limit covers its
-        # kernel too): a SIGKILLed command in a cgroup that saw an OOM kill ran out of memory.
-        reply["oom_killed"] = (lv.runtime == "runc" and reply.get("exit_code") in (-9, 137)
-                               and cgroups.oom_killed(container_id(sandbox_id), self.cg))
+        # kernel too): a SIGKILLed command during which the cgroup saw an OOM kill ran out of
+        # memory; a command the pids limit refused forks during is a fork bomb's.
+        if lv.runtime == "runc":
+            reply["oom_killed"] = (reply.get("exit_code") in (-9, 137) or reply.get("signal") == 9) \
+                and cgroups.oom_kill_count(cid, self.cg) > before[0]
+            reply["pids_limited"] = bool(reply.get("pids_limited")) or cgroups.pids_max_count(cid, self.cg) > before[1]
+        else:
+            reply["oom_killed"] = False
         return reply
 
     async def _agent(self, sandbox_id: str, op: str, **fields: Any) -> dict[str, Any]:

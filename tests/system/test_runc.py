@@ -75,8 +75,13 @@ def test_limits(make_sandbox, paths) -> None:
     assert r.oom_killed and not r.ok
     # On the host kernel only the process dies: the sandbox lives on.
     assert sb.exec("true").ok
-    # The pids cgroup bounds a fork bomb; the agent still answers afterwards.
+    # The cgroup's OOM counter is cumulative: a later SIGKILL is not an OOM.
+    killed = sb.exec("sh", "-c", "kill -9 $$")
+    assert killed.exit_code == 137 and not killed.oom_killed
+    # The pids cgroup bounds a fork bomb, the exec says so; the agent still answers afterwards.
     r = sb.exec("sh", "-c", "for i in $(seq 2000); do sleep 30 & done 2>/dev/null; echo done", timeout=60)
+    assert r.pids_limited, r
+    assert not sb.exec("true").pids_limited
     pids_max = (cgroups.CGROUP_ROOT / "pids" / paths.cgroup_parent / cid / "pids.max").read_text().strip()
     assert pids_max == "1024"
     assert sb.exec("true", timeout=30).ok
