@@ -71,6 +71,11 @@ class BearerAuth:
         if scope["type"] in ("http", "websocket") and not over_unix:
             got = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(got, self._want):
+                if scope["type"] == "websocket":
+                    # A WebSocket handshake is refused with a close (the server answers 403);
+                    # http.response.* messages are not valid on a websocket scope.
+                    await send({"type": "websocket.close", "code": 1008, "reason": "rollbox: bearer token needed"})
+                    return
                 body = json.dumps({"code": "unauthorized", "sandbox_id": None,
                                    "message": "this rollbox daemon's TCP listener needs `Authorization: Bearer "
                                               "<token>`: set ROLLBOX_TOKEN to the token in ROLLBOX_HOME/token "
