@@ -95,7 +95,8 @@ def pack(paths: Paths, item: Item, dest: Path | None = None) -> bytes | Path:
     src = paths.home / item.rel()
     if not has_item(paths, item):
         raise errors.NotFound(f"{item.kind} {item.key} is not in {paths.home}; nothing to send")
-    argv = ["tar", *TAR_FLAGS, "-C", str(src), "-cf", str(dest) if dest else "-", "."]
+    # --sparse: holes (a checkpoint's unused memory pages) travel as holes, not zeros.
+    argv = ["tar", *TAR_FLAGS, "--sparse", "-C", str(src), "-cf", str(dest) if dest else "-", "."]
     if dest is not None:
         tmp = dest.with_name(f".{dest.name}.{secrets.token_hex(4)}")
         argv[argv.index(str(dest))] = str(tmp)

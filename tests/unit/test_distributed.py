@@ -37,3 +37,23 @@ def test_ray_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
         backend.require_ray()
     with pytest.raises(rollbox.RuntimeMissing):
         rollbox.init()
+
+
+def test_pack_keeps_holes_of_sparse_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A checkpoint's pages file is mostly holes: it travels as holes, not as zeros."""
+    from rollbox.config import Paths
+    from rollbox.distributed.transfer import pack, unpack
+
+    src, dst = Paths(tmp_path / "a"), Paths(tmp_path / "b")
+    snap = src.home / "snapshots" / "sn-1"
+    snap.mkdir(parents=True)
+    with open(snap / "pages.img", "wb") as f:
+        f.truncate(256 << 20)  # 256 MiB, all hole
+        f.write(b"data at the start")
+    (snap / "meta.json").write_text("{}")
+    data = pack(src, Item("snapshot", "sn-1"))
+    assert isinstance(data, bytes) and len(data) < 1 << 20
+    assert unpack(dst, Item("snapshot", "sn-1"), data) is True
+    out = dst.home / "snapshots" / "sn-1" / "pages.img"
+    assert out.stat().st_size == 256 << 20 and out.stat().st_blocks * 512 < 1 << 20
+    assert out.read_bytes()[:17] == b"data at the start"
