@@ -3,19 +3,24 @@
 A volume is created on first use and shared read-write by every sandbox that mounts it:
 gVisor's gofer writes straight through to the host directory, so a file written just before
 `terminate()` is on the host afterwards, and 64 sandboxes writing distinct files lose nothing.
-Host-side reads and writes go through `resolve()`, which refuses any path that leaves the
-volume (`..`, symlinks pointing outside).
+Sandboxes can create or swap symlinks in that directory at any moment while the daemon (root)
+works in it, so host-side file operations never resolve a path by name: `_walk()` opens the
+data directory, then each component with O_NOFOLLOW relative to the previous descriptor, and
+the operation acts on the last descriptor with `dir_fd=`. A symlink anywhere in the path is
+refused (`..` too), and one swapped in after a component was opened cannot redirect anything.
 """
 
 from __future__ import annotations
 
 import builtins
-
+import errno
 import os
 import re
 import shutil
 import stat
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +47,11 @@ def check_name(name: str) -> str:
 
 RESERVED = ("/proc", "/dev", "/sys", "/.rollbox", "/.rollbox-key")
 MAX_READ = 64 * 1024 * 1024
+MAX_REMOVE_DEPTH = 256  # directory levels `remove_file` descends; deeper trees: remove them from a sandbox
+# A component is opened only as a real directory: O_NOFOLLOW makes a symlink fail (ELOOP/ENOTDIR)
+# instead of being followed, O_NONBLOCK keeps a FIFO from blocking the daemon.
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def check_mount_path(mount_path: str) -> str:
@@ -55,6 +65,113 @@ def check_mount_path(mount_path: str) -> str:
     if norm == "/" or any(norm == r or norm.startswith(r + "/") for r in RESERVED):
         raise bad
     return norm
+
+
+@dataclass(frozen=True)
+class VolPath:
+    """A path inside a volume, split into components: `//a/./b` is ('a', 'b'), '/' is ()."""
+
+    volume: str
+    path: str  # as the caller gave it, for error messages
+    parts: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, volume: str, path: str) -> VolPath:
+        """Raises InvalidArgument for a non-string path, a NUL byte, or a `..` component."""
+        if not isinstance(path, str) or "\0" in path:
+            raise InvalidArgument(f"path {path!r} in volume {volume!r} must be a string without NUL bytes")
+        parts = tuple(p for p in path.split("/") if p not in ("", "."))
+        if ".." in parts:
+            raise InvalidArgument(f"path {path!r} leaves volume {volume!r}")
+        return cls(volume, path, parts)
+
+    @property
+    def parent(self) -> tuple[str, ...]:
+        return self.parts[:-1]
+
+    @property
+    def leaf(self) -> str:
+        return self.parts[-1]
+
+    def symlink_error(self, upto: int) -> InvalidArgument:
+        link = "/" + "/".join(self.parts[:upto + 1])
+        return InvalidArgument(f"path {self.path!r} in volume {self.volume!r} goes through the symlink {link!r}; "
+                               "volume file operations do not follow symlinks (read the link's target instead)")
+
+    def not_found(self, what: str = "file") -> NotFound:
+        return NotFound(f"no {what} {self.path!r} in volume {self.volume!r}")
+
+
+def _is_symlink(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _open_child(dir_fd: int, vp: VolPath, i: int, *, create: bool, missing: str) -> int:
+    """Opens component `i` of `vp` relative to `dir_fd` as a real directory (creating it if `create`).
+
+    Raises: InvalidArgument (a symlink; or, when creating, a non-directory), NotFound (missing, or
+    not a directory, when not creating: "no {missing} ..."), ResourceExhausted (disk full creating it).
+    """
+    part = vp.parts[i]
+    for _ in range(2):  # create, then open once more: a sandbox may create or swap it in between
+        try:
+            return os.open(part, DIR_FLAGS, dir_fd=dir_fd)
+        except FileNotFoundError:
+            if not create:
+                raise vp.not_found(missing) from None
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            if _is_symlink(dir_fd, part):
+                raise vp.symlink_error(i) from None
+            if create:
+                raise InvalidArgument(f"path {vp.path!r} in volume {vp.volume!r}: "
+                                      f"{'/' + '/'.join(vp.parts[:i + 1])!r} is not a directory") from None
+            raise vp.not_found(missing) from None
+        try:
+            os.mkdir(part, 0o755, dir_fd=dir_fd)  # never follows a symlink: EEXIST, then the open refuses it
+        except FileExistsError:
+            pass
+        except OSError as e:
+            if e.errno in FULL:
+                raise ResourceExhausted(f"disk full creating {vp.path!r} in volume {vp.volume!r}") from e
+            raise
+    raise InvalidArgument(f"path {vp.path!r} in volume {vp.volume!r} kept changing while it was opened; retry")
+
+
+def _remove_entry(dir_fd: int, name: str, depth: int = 0) -> None:
+    """Removes `name` in `dir_fd`: a file or symlink is unlinked (a link is never followed), a directory
+    is emptied through descriptors opened O_NOFOLLOW, then removed. Unlike `shutil.rmtree`, which opens
+    subdirectories without O_NOFOLLOW (and so can open a device or FIFO a swapped-in link points at
+    before noticing), nothing here ever opens a symlink's target.
+
+    Raises: FileNotFoundError when `name` is missing, InvalidArgument past MAX_REMOVE_DEPTH levels,
+    OSError for anything else (e.g. ENOTEMPTY when a sandbox writes into it meanwhile).
+    """
+    try:
+        fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        os.unlink(name, dir_fd=dir_fd)  # not a directory: a file, a symlink, a FIFO...
+        return
+    try:
+        if depth >= MAX_REMOVE_DEPTH:
+            raise InvalidArgument(f"directory nested deeper than {MAX_REMOVE_DEPTH} levels; "
+                                  "remove it from a sandbox that mounts the volume")
+        with os.scandir(fd) as it:
+            names = [e.name for e in it]
+        for n in names:
+            try:
+                _remove_entry(fd, n, depth + 1)
+            except FileNotFoundError:
+                pass  # a sandbox removed it meanwhile
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
 
 
 class VolumeStore:
@@ -96,68 +213,98 @@ class VolumeStore:
             raise VolumeNotFound(f"volume {name!r} not found")
         shutil.rmtree(d)
 
-    def resolve(self, name: str, path: str) -> Path:
-        """The host path of `path` inside the volume; never outside it."""
-        base = self.data_dir(name)
-        if not base.is_dir():
-            raise VolumeNotFound(f"volume {name!r} not found")
-        rel = path.lstrip("/")
-        target = (base / rel).resolve()
-        base_r = base.resolve()
-        if target != base_r and base_r not in target.parents:
-            raise InvalidArgument(f"path {path!r} leaves volume {name!r}")
-        return target
+    def _open_root(self, name: str) -> int:
+        """A descriptor of the volume's data directory. Raises VolumeNotFound."""
+        try:
+            return os.open(self.data_dir(name), DIR_FLAGS)
+        except (FileNotFoundError, NotADirectoryError):
+            raise VolumeNotFound(f"volume {name!r} not found") from None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise VolumeNotFound(f"volume {name!r} not found") from None
+            raise
 
-    def _check_fd(self, name: str, fd: int, path: str) -> None:
-        """After opening: the descriptor's real path is inside the volume. Checking the open
-        file, not the name, leaves no window for a symlink swapped in by a sandbox."""
-        real = os.readlink(f"/proc/self/fd/{fd}")
-        base = str(self.data_dir(name).resolve())
-        if real != base and not real.startswith(base + "/"):
-            raise InvalidArgument(f"path {path!r} leaves volume {name!r}")
+    @contextmanager
+    def _walk(self, vp: VolPath, parts: tuple[str, ...], *, create: bool = False,
+              missing: str = "file") -> Iterator[int]:
+        """Yields a descriptor of the directory `parts` (a prefix of `vp.parts`) names, reached one
+        component at a time from the data directory and never through a symlink; closed on exit.
+
+        Raises: VolumeNotFound, and `_open_child`'s errors.
+        """
+        fd = self._open_root(vp.volume)
+        try:
+            for i in range(len(parts)):
+                child = _open_child(fd, vp, i, create=create, missing=missing)
+                os.close(fd)
+                fd = child
+            yield fd
+        finally:
+            os.close(fd)
 
     def write_file(self, name: str, path: str, data: bytes) -> int:
+        """Writes `data` to `path` (atomically, creating parent directories); returns its length.
+
+        Raises: InvalidArgument (`..`, a symlink or non-directory in the path, no file name, the path is a
+        directory), VolumeNotFound, ResourceExhausted (disk full).
+        """
+        vp = VolPath.parse(name, path)
+        if not vp.parts:
+            raise InvalidArgument(f"path {path!r} names no file in volume {name!r}")
         self.ensure(name)
-        target = self.resolve(name, path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        dfd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
-        tmp = f".{target.name}.rollbox-{time.monotonic_ns()}"
+        with self._walk(vp, vp.parent, create=True) as pfd:
+            return self._write_at(pfd, vp, data)
+
+    def _write_at(self, pfd: int, vp: VolPath, data: bytes) -> int:
+        """Writes `data` to `vp.leaf` in directory `pfd` through a temporary file renamed over it
+        (rename replaces a symlink leaf itself, never its target)."""
+        tmp = f".{vp.leaf}.rollbox-{time.monotonic_ns()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=pfd)
         try:
-            self._check_fd(name, dfd, path)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dfd)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, vp.leaf, src_dir_fd=pfd, dst_dir_fd=pfd)
+        except OSError as e:
             try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, target.name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            except OSError as e:
-                try:
-                    os.unlink(tmp, dir_fd=dfd)
-                except OSError:
-                    pass
-                if e.errno == 28:
-                    raise ResourceExhausted(f"disk full writing {path!r} to volume {name!r}") from e
-                raise
-        finally:
-            os.close(dfd)
+                os.unlink(tmp, dir_fd=pfd)
+            except OSError:
+                pass
+            if e.errno in FULL:
+                raise ResourceExhausted(f"disk full writing {vp.path!r} to volume {vp.volume!r}") from e
+            if e.errno == errno.EISDIR:
+                raise InvalidArgument(f"{vp.path!r} in volume {vp.volume!r} is a directory") from None
+            raise
         return len(data)
 
     def read_file(self, name: str, path: str) -> bytes:
-        """The file's bytes (at most 64 MiB; larger files: mount the volume in a sandbox)."""
-        target = self.resolve(name, path)
+        """The file's bytes (at most 64 MiB; larger files: mount the volume in a sandbox).
+
+        Raises: NotFound, VolumeNotFound, InvalidArgument (`..`, a symlink in the path or as the file,
+        not a regular file, over the read limit).
+        """
+        vp = VolPath.parse(name, path)
+        if not vp.parts:
+            raise InvalidArgument(f"{path!r} in volume {name!r} is not a regular file")
+        with self._walk(vp, vp.parent) as pfd:
+            return self._read_at(pfd, vp)
+
+    def _read_at(self, pfd: int, vp: VolPath) -> bytes:
+        """Reads regular file `vp.leaf` in directory `pfd`; a symlink leaf is refused, not followed."""
         try:
-            fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(vp.leaf, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=pfd)
         except FileNotFoundError:
-            raise NotFound(f"no file {path!r} in volume {name!r}") from None
+            raise vp.not_found() from None
         except OSError as e:
-            raise InvalidArgument(f"cannot read {path!r} in volume {name!r}: {e.strerror}") from None
+            if e.errno == errno.ELOOP:
+                raise vp.symlink_error(len(vp.parts) - 1) from None
+            raise InvalidArgument(f"cannot read {vp.path!r} in volume {vp.volume!r}: {e.strerror}") from None
         try:
-            self._check_fd(name, fd, path)
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise InvalidArgument(f"{path!r} in volume {name!r} is not a regular file")
+                raise InvalidArgument(f"{vp.path!r} in volume {vp.volume!r} is not a regular file")
             if st.st_size > MAX_READ:
-                raise InvalidArgument(f"{path!r} in volume {name!r} is {st.st_size} bytes, over the {MAX_READ}-byte "
-                                      "read limit; read it from a sandbox that mounts the volume")
+                raise InvalidArgument(f"{vp.path!r} in volume {vp.volume!r} is {st.st_size} bytes, over the "
+                                      f"{MAX_READ}-byte read limit; read it from a sandbox that mounts the volume")
             os.set_blocking(fd, True)
             with os.fdopen(fd, "rb", closefd=False) as f:
                 return f.read(MAX_READ + 1)
@@ -165,24 +312,48 @@ class VolumeStore:
             os.close(fd)
 
     def list_files(self, name: str, path: str = "/") -> builtins.list[dict[str, object]]:
-        target = self.resolve(name, path)
-        if not target.is_dir():
-            raise NotFound(f"no directory {path!r} in volume {name!r}")
-        out = []
-        for e in sorted(os.scandir(target), key=lambda e: e.name):
-            st = e.stat(follow_symlinks=False)
-            rel = "/" + str(Path(e.path).relative_to(self.data_dir(name)))
-            out.append({"name": e.name, "path": rel, "is_dir": e.is_dir(follow_symlinks=False), "size": st.st_size,
-                        "mode": st.st_mode, "mtime": st.st_mtime})
+        """The entries of directory `path`, sorted by name: name, path (volume-relative, from '/'),
+        is_dir, size, mode, mtime; symlinks are listed as themselves.
+
+        Raises: NotFound (missing or not a directory), VolumeNotFound, InvalidArgument (`..`, a symlink).
+        """
+        vp = VolPath.parse(name, path)
+        with self._walk(vp, vp.parts, missing="directory") as fd:
+            return self._list_at(fd, vp)
+
+    @staticmethod
+    def _list_at(fd: int, vp: VolPath) -> builtins.list[dict[str, object]]:
+        prefix = "".join("/" + p for p in vp.parts)
+        out: builtins.list[dict[str, object]] = []
+        with os.scandir(fd) as it:  # scandir(fd) dups the descriptor; entries stat relative to it
+            entries = sorted(it, key=lambda e: e.name)
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # a sandbox removed it meanwhile
+            out.append({"name": e.name, "path": f"{prefix}/{e.name}", "is_dir": stat.S_ISDIR(st.st_mode),
+                        "size": st.st_size, "mode": st.st_mode, "mtime": st.st_mtime})
         return out
 
     def remove_file(self, name: str, path: str) -> None:
-        target = self.resolve(name, path)
-        if target == self.data_dir(name).resolve():
+        """Removes a file, a symlink (not its target) or a directory tree.
+
+        Raises: NotFound, VolumeNotFound, InvalidArgument (the volume root, `..`, a symlink in the path,
+        a tree deeper than MAX_REMOVE_DEPTH).
+        """
+        vp = VolPath.parse(name, path)
+        if not vp.parts:
             raise InvalidArgument("refusing to remove the volume root; delete the volume instead")
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        elif target.exists() or target.is_symlink():
-            target.unlink()
-        else:
-            raise NotFound(f"no file {path!r} in volume {name!r}")
+        with self._walk(vp, vp.parent) as pfd:
+            self._remove_at(pfd, vp)
+
+    @staticmethod
+    def _remove_at(pfd: int, vp: VolPath) -> None:
+        try:
+            _remove_entry(pfd, vp.leaf)
+        except FileNotFoundError:
+            raise vp.not_found() from None
+        except IsADirectoryError:  # a file swapped for a directory between open and unlink
+            raise InvalidArgument(f"{vp.path!r} in volume {vp.volume!r} changed while being removed; "
+                                  "retry") from None
