@@ -68,6 +68,11 @@ class Paths:
     def volumes(self) -> Path:
         return self.home / "volumes"
 
+    @property
+    def agents(self) -> Path:
+        """Installed agent builds, one directory per content digest (runtime/agentdir.py)."""
+        return self.home / "agents"
+
     def ensure(self) -> None:
         for p in (self.home, self.runsc_root, self.sandboxes, self.images, self.snapshots, self.volumes):
             p.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,8 @@ from ..network.manager import NetworkManager
 from ..network.netns import Slot
 from ..network.policy import NetworkPolicy, NetworkSpec, ResolvedPolicy, check_port
 from ..runtime import cgroups
-from ..runtime.bundle import BundleSpec, write_bundle
+from ..runtime import agentdir
+from ..runtime.bundle import AGENT_DIR, BundleSpec, default_agent, write_bundle
 from ..runtime.gpu import Gpu, oci_devices as gpu_devices, select as select_gpus
 from ..runtime.channel import AgentChannel, AgentError, make_fifos, open_for_sandbox
 from ..runtime.reaper import Reaper
@@ -179,6 +180,10 @@ class SandboxService:
                  max_starts: int | None = None) -> None:
         self.paths = paths
         self.runsc = runsc
+        # The agent new sandboxes boot from, pinned now: rebuilding the package's agent later
+        # changes nothing for this daemon's sandboxes and snapshots (runtime/agentdir.py).
+        # ROLLBOX_AGENT_DIR: another build's directory (rollbox-agent and/or agent.py).
+        self.agent_src = agentdir.install(Path(os.environ.get("ROLLBOX_AGENT_DIR") or AGENT_DIR), paths.agents)
         self.runc = runc or Runc(paths.runc_root)
         # The runtime drivers by name (driver.RUNTIMES): gVisor is the default.
         self.drivers: dict[str, Driver] = {"gvisor": runsc, "runc": self.runc}
@@ -339,7 +344,12 @@ class SandboxService:
                 kf.chmod(0o600)
             (d / "agent.key").write_bytes(key)
             await asyncio.to_thread(mount_overlay, lowers, upper, layer / "work", d / "rootfs")
+            # A restore boots from the agent build its snapshot captured (the process is in it).
+            pinned = self.snapshots.dir(snapshot.snapshot_id) / "agent" if snapshot is not None else None
+            agent_dir = agentdir.link_into(pinned if pinned is not None and pinned.is_dir() else self.agent_src,
+                                           d / "agent")
             write_bundle(d, BundleSpec(rootfs=d / "rootfs", cgroup_path=cgroups.cgroup_path(cid, self.cg),
+                                       agent_dir=agent_dir, agent=default_agent(agent_dir),
                                        cpu=cpu, memory_mib=memory_mib, env=env, binds=binds, hostname=sandbox_id,
                                        netns_path=slot.sandbox_ns_path if slot else None,
                                        devices=tuple(gpu_devices(gpus)) if gpus else (), privileged=privileged))
@@ -920,6 +930,8 @@ class SandboxService:
                 raise errors.SandboxLost(f"checkpointing sandbox {sandbox_id} failed: {detail}",
                                          sandbox_id=sandbox_id)
             await asyncio.to_thread(copy_tree, self.upper_dir(sandbox_id), self.snapshots.upper_dir(sid))
+            own = self.sandbox_dir(sandbox_id) / "agent"  # absent for a sandbox started before pinning
+            agentdir.link_into(own if own.is_dir() else AGENT_DIR, d / "agent")
             self.snapshots.write_meta(SnapshotMeta(sid, sandbox_id, lv.image_id, lv.cpu, lv.memory_mib, lv.env,
                                                    time.time(), internal, lv.volumes, kind, lv.key.hex(),
                                                    lv.net.to_wire() if lv.net else None, lv.disk_mib,
