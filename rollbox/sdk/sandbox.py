@@ -206,6 +206,7 @@ class SandboxFileSystem:
         """Removes a file or a directory tree."""
         self._sb._call("POST", "files/remove", {"path": path})
 
+    @synchronized
     def upload_file(self, local_path: str | os.PathLike[str], sandbox_path: str, mode: int | None = None) -> None:
         """Copies a file of this machine into the sandbox at absolute `sandbox_path` (up to
         64 MiB; mode: the local file's permission bits unless given). Raises InvalidArgument
@@ -219,6 +220,7 @@ class SandboxFileSystem:
         with open(local_path, "rb") as f:
             self.write_file(sandbox_path, f.read(), stat.S_IMODE(st.st_mode) if mode is None else mode)
 
+    @synchronized
     def download_file(self, sandbox_path: str, local_path: str | os.PathLike[str]) -> int:
         """Copies the sandbox's file at absolute `sandbox_path` to `local_path` on this machine
         (written whole or not at all); returns its size in bytes. Paths and symlinks are resolved
