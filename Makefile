@@ -7,7 +7,7 @@ STAMPS := .stamps
 ROLLBOX_HOME ?= /var/lib/rollbox
 export ROLLBOX_HOME
 
-.PHONY: setup host venv agent base-image demo test test-unit test-system bench bench-quick soak gpu-check clean-state doctor typecheck
+.PHONY: setup host venv agent base-image demo test test-unit test-system bench bench-quick bench-smoke soak gpu-check clean-state doctor typecheck
 
 setup: host venv base-image
 
@@ -66,6 +66,10 @@ bench: setup
 
 bench-quick: setup
 	$(VENV)/bin/python -m bench.bench --quick
+
+# Every step of the full benchmark at toy sizes (~3 min): checks the script, measures nothing.
+bench-smoke: setup
+	$(VENV)/bin/python -m bench.bench --smoke
 
 # 2,000 create -> exec -> terminate cycles at concurrency 16; prints what is left (must be 0).
 soak: setup

@@ -93,6 +93,8 @@ TIER_RUNS: list[tuple[int, int]] = [(1, 20), (4, 40), (16, 64), (64, 128)]
 TIER_POOL_RUNS: list[tuple[int, int]] = [(1, 16), (4, 32), (16, 48), (64, 128)]
 N_TIER_TTFC, N_WARM_ACQUIRE = 20, 20
 SCALE_TESTS = True
+ADMISSION = (1000, 64)  # episodes, max_concurrency
+DENSITY: dict[str, int] = {"limit": 600, "batch": 25}
 TARGETS = {"restore_ttfc_p50_ms": ("<=", 100.0), "ttfc_p99_ms": ("<=", 250.0),
            "warm_acquire_p50_ms": ("<=", 5.0), "restore_overhead_ratio": ("<=", 1.1),
            "exec_p50_ms": ("<=", 5.0), "idle_mib": ("<=", 20.0), "net_restore_extra_ms": ("<=", 20.0),
@@ -881,11 +883,11 @@ def measure(tr: Tracker, raw: RawRunsc) -> dict[str, Any]:
     m["idle"] = rollbox_idle(tr, snap, IDLE_N)
     m["raw_idle"] = raw_idle(raw, image, IDLE_N)
     log(f"idle: rollbox {m['idle']}, raw {m['raw_idle']}")
-    measure_tiers(m, raw, image, snap)
+    measure_tiers(tr, m, raw, image, snap)
     return m
 
 
-def measure_tiers(m: dict[str, Any], raw: RawRunsc, image: Path, snap: str) -> None:
+def measure_tiers(tr: Tracker, m: dict[str, Any], raw: RawRunsc, image: Path, snap: str) -> None:
     """The tier table (bench/scale.py) and, in full mode, the scale tests."""
     m["warm_acquire"] = scale.warm_acquire(snap, N_WARM_ACQUIRE)
     tiers = m["tiers"] = {}
@@ -900,21 +902,23 @@ def measure_tiers(m: dict[str, Any], raw: RawRunsc, image: Path, snap: str) -> N
     tiers["raw_runc"] = scale.raw_runc_tier(rr, TIER_RUNS, N_TIER_TTFC)
     tiers["subprocess"] = scale.subprocess_tier(TIER_RUNS, N_TIER_TTFC)
     if SCALE_TESTS:
-        m["admission"] = scale.admission(snap)
-        m["density"] = scale.idle_density(snap)
+        m["admission"] = scale.admission(snap, *ADMISSION)
+        m["density"] = scale.idle_density(snap, **DENSITY)
         # The same on the ptrace platform, whose idle sandboxes sleep (systrap's spin ~5% of a
         # core each, google/gvisor#10793): a fresh daemon and snapshot, since a checkpoint
         # restores on the platform it was taken on.
         with daemon_platform("ptrace"):
             m["idle_ptrace"] = rollbox_idle(tr, ptrace_snap := tr.snap_of_fresh_sandbox(), IDLE_N)
             log(f"idle on ptrace: {m['idle_ptrace']}")
-            m["density_ptrace"] = scale.idle_density(ptrace_snap)
+            m["density_ptrace"] = scale.idle_density(ptrace_snap, **DENSITY)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="bench.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
                     help="fewer samples and no churn (~1-2 min; noisier)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="every step of the full run at toy sizes (~3 min): checks the script, measures nothing")
     ap.add_argument("--shared-daemon", action="store_true",
                     help="use the daemon of ROLLBOX_HOME (default /var/lib/rollbox) instead of a private one")
     return ap.parse_args(argv)
@@ -922,7 +926,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.quick:
+    if args.quick or args.smoke:
         global N_COLD, N_RESTORE, N_EXEC, N_RAW_EXEC, N_RAW_RESTORE, N_RAW_COLD, POOL_RUNS, RAW_EPISODE_RUNS
         global NET_CYCLES, IDLE_N
         N_COLD, N_RESTORE, N_EXEC, N_RAW_EXEC, N_RAW_RESTORE, N_RAW_COLD = 4, 10, 40, 10, 10, 4
@@ -933,6 +937,13 @@ def main(argv: list[str] | None = None) -> int:
         global RAY_ROW
         RAY_ROW = False
         NET_CYCLES = int(os.environ.get("ROLLBOX_BENCH_NET_CYCLES", "0"))
+    if args.smoke:
+        global ADMISSION, DENSITY
+        N_COLD, N_RESTORE, N_EXEC, N_RAW_EXEC, N_RAW_RESTORE, N_RAW_COLD = 2, 2, 4, 2, 2, 2
+        POOL_RUNS, RAW_EPISODE_RUNS, IDLE_N = ((1, 2), (4, 4)), ((1, 2),), 2
+        TIER_RUNS, TIER_POOL_RUNS, N_TIER_TTFC, N_WARM_ACQUIRE = [(1, 2), (4, 4)], [(1, 2), (4, 4)], 2, 2
+        SCALE_TESTS, RAY_ROW, NET_CYCLES = True, True, 4
+        ADMISSION, DENSITY = (8, 4), {"limit": 4, "batch": 2}
     if os.geteuid() != 0:
         print("bench: run as root (runsc, overlay mounts and cgroups need it)", file=sys.stderr)
         return 2
