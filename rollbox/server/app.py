@@ -127,6 +127,41 @@ class JSONResponse(_StarletteJSON):
         return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
 
 
+class TypedServerErrors:
+    """ASGI middleware: an unexpected exception becomes a typed JSON 500 on the same connection.
+
+    Starlette's own 500 path re-raises and the server drops the connection, which the client
+    would see as a lost daemon. A plain ASGI wrapper, not `@app.middleware("http")`: that
+    BaseHTTPMiddleware runs every request through an extra task and memory streams.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            body = json.dumps({"code": "internal", "message": f"{type(exc).__name__}: {exc}", "sandbox_id": None},
+                              ensure_ascii=True).encode()
+            await send({"type": "http.response.start", "status": 500,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+
+
 def create_app(service: SandboxService) -> FastAPI:
     app = FastAPI(title="rollbox daemon", version=__version__, default_response_class=JSONResponse)
     app.state.service = service
@@ -135,17 +170,7 @@ def create_app(service: SandboxService) -> FastAPI:
     async def _rollbox_error(_req: Request, exc: errors.RollboxError) -> JSONResponse:
         return JSONResponse(status_code=exc.status, content=exc.to_wire())
 
-    @app.middleware("http")
-    async def _unexpected(request: Request, call_next: Any) -> Any:
-        # Starlette's own 500 path re-raises and the server drops the connection, which the
-        # client would see as a lost daemon; answer a typed 500 on the same connection instead.
-        try:
-            return await call_next(request)
-        except Exception as exc:  # noqa: BLE001
-            log.exception("unhandled error in %s %s", request.method, request.url.path)
-            return JSONResponse(status_code=500, content={"code": "internal",
-                                                          "message": f"{type(exc).__name__}: {exc}",
-                                                          "sandbox_id": None})
+    app.add_middleware(TypedServerErrors)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

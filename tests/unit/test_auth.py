@@ -43,3 +43,19 @@ def test_unix_socket_requests_pass_without_a_token() -> None:
 def test_a_websocket_without_the_token_is_closed_not_sent_http_messages() -> None:
     sent = _run({"type": "websocket", "server": TCP, "headers": [(b"authorization", b"Bearer wrong")]})
     assert [m["type"] for m in sent] == ["websocket.close"] and sent[0]["code"] == 1008
+
+
+def test_an_unexpected_error_is_a_typed_500_on_the_same_connection() -> None:
+    from rollbox.server.app import TypedServerErrors
+
+    async def broken(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        raise RuntimeError("boom")
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(msg: dict[str, Any]) -> None:
+        sent.append(msg)
+
+    asyncio.run(TypedServerErrors(broken)({"type": "http", "method": "GET", "path": "/x"}, None, send))
+    assert sent[0]["status"] == 500
+    assert b'"code": "internal"' in sent[1]["body"] and b"RuntimeError: boom" in sent[1]["body"]
