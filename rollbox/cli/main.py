@@ -176,7 +176,8 @@ def volume_get(name: str, path: str, local: str = typer.Argument("-", help="loca
 @volume_app.command("rm")
 def volume_rm(name: str) -> None:
     """Delete a volume (refused while a sandbox mounts it)."""
-    _client().request("DELETE", f"/volumes/{name}")
+    from ..volumes.store import check_name
+    _client().request("DELETE", f"/volumes/{check_name(name)}")
     print(name)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..client.transport import Client
 from ..types import FileEntry
+from ..volumes.store import check_name
 from ._aio import synchronized
 
 
@@ -26,12 +27,18 @@ class Volume:
         mount_path: absolute path inside the sandbox (e.g. "/data"); not "/", /proc, /dev, /sys.
 
     Host-side methods take paths relative to the volume root ("/ep0.txt" = <mount_path>/ep0.txt)
-    and never leave the volume (`..` and outward symlinks raise InvalidArgument).
+    and never leave the volume (`..` and symlinks raise InvalidArgument).
+
+    Raises:
+        InvalidArgument: a name outside that alphabet (it becomes part of request URLs).
     """
 
     name: str
     mount_path: str = "/data"
     client: Client | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        check_name(self.name)
 
     def _c(self) -> Client:
         from .sandbox import default_client

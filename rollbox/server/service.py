@@ -39,7 +39,7 @@ from ..runtime.reaper import Reaper
 from ..runtime.rootfs import copy_tree, disk_free_bytes, mount_disk, mount_overlay, remove_tree, unmount
 from ..runtime.driver import Driver, check_runtime, no_snapshots
 from ..runtime.runc import Runc
-from ..runtime.runsc import DEFAULT_PLATFORM, Runsc
+from ..runtime.runsc import DEFAULT_PLATFORM, PLATFORMS, Runsc
 from ..snapshots.store import SnapshotMeta, SnapshotStore, new_snapshot_id
 from ..types import SandboxInfo
 from ..volumes.store import VolumeStore, check_mount_path, check_name
@@ -312,14 +312,15 @@ class SandboxService:
             raise errors.ResourceExhausted(
                 f"less than {MIN_FREE_DISK >> 20} MiB free under {self.paths.home}: remove snapshots or images, or free disk")
         lowers = self.images.layers(image_id)  # raises ImageNotFound
+        platform = "" if runtime != "gvisor" else (
+            (snapshot.platform or DEFAULT_PLATFORM) if snapshot is not None else self.runsc.platform)
+        agent_src = self._agent_source(snapshot, platform)
         cid = container_id(sandbox_id)
         d = self.sandbox_dir(sandbox_id)
         d.mkdir(parents=True)
         # Which runtime owns the container: teardown (also after a daemon crash) reads it here.
         (d / "runtime").write_text(runtime)
         driver = self.drivers[runtime]
-        platform = "" if runtime != "gvisor" else (
-            (snapshot.platform or DEFAULT_PLATFORM) if snapshot is not None else self.runsc.platform)
         key = bytes.fromhex(snapshot.agent_key) if snapshot is not None else secrets.token_bytes(32)
         channel = AgentChannel(sandbox_id, d / "in", d / "out", key)
         slot: Slot | None = None
@@ -344,10 +345,7 @@ class SandboxService:
                 kf.chmod(0o600)
             (d / "agent.key").write_bytes(key)
             await asyncio.to_thread(mount_overlay, lowers, upper, layer / "work", d / "rootfs")
-            # A restore boots from the agent build its snapshot captured (the process is in it).
-            pinned = self.snapshots.dir(snapshot.snapshot_id) / "agent" if snapshot is not None else None
-            agent_dir = agentdir.link_into(pinned if pinned is not None and pinned.is_dir() else self.agent_src,
-                                           d / "agent")
+            agent_dir = agentdir.link_into(agent_src, d / "agent")
             write_bundle(d, BundleSpec(rootfs=d / "rootfs", cgroup_path=cgroups.cgroup_path(cid, self.cg),
                                        agent_dir=agent_dir, agent=default_agent(agent_dir),
                                        cpu=cpu, memory_mib=memory_mib, env=env, binds=binds, hostname=sandbox_id,
@@ -488,6 +486,30 @@ class SandboxService:
         await self._write_net_files(lv.channel, sandbox_id, resolved)
         self.store.update_sandbox(sandbox_id, **self._net_columns(sandbox_id, lv.net))
         return self.info(sandbox_id)
+
+    def _agent_source(self, snapshot: SnapshotMeta | None, platform: str) -> Path:
+        """Where a sandbox's /.rollbox comes from: the daemon's pinned build for a new sandbox,
+        the snapshot's own copy for a restore (its agent process runs that very binary).
+
+        Raises:
+            InvalidState: the snapshot names a platform this rollbox cannot run, or its agent
+                copy is missing or empty (restoring over another build would hang).
+        """
+        if snapshot is None:
+            return self.agent_src
+        sid = snapshot.snapshot_id
+        if platform and platform not in PLATFORMS:
+            raise errors.InvalidState(f"snapshot {sid} was taken on gVisor platform {platform!r}, which this "
+                                      f"rollbox does not run (it runs {', '.join(PLATFORMS)}); delete it with "
+                                      f"`rollbox snapshot rm {sid}`")
+        pinned = self.snapshots.dir(sid) / "agent"
+        if not snapshot.agent_pinned:
+            return pinned if pinned.is_dir() else self.agent_src  # made before agents were pinned
+        if not any((pinned / n).is_file() for n in agentdir.AGENT_FILES):
+            raise errors.InvalidState(f"snapshot {sid} lacks the copy of the agent its processes run "
+                                      f"({pinned} is missing or empty), so it cannot be restored; delete it "
+                                      f"with `rollbox snapshot rm {sid}` and take it again")
+        return pinned
 
     @staticmethod
     def _kill_container_processes(driver: Driver, cid: str) -> None:
@@ -796,16 +818,21 @@ class SandboxService:
             await asyncio.wait({delete}, timeout=0.05)
         try:
             res = delete.result()
-            failed = res.returncode != 0 and b"does not exist" not in res.stderr and b"not found" not in res.stderr
+            unknown = res.returncode != 0 and (b"does not exist" in res.stderr or b"not found" in res.stderr)
+            failed = res.returncode != 0 and not unknown
             detail = res.stderr.decode(errors="replace").strip()
         except errors.RollboxError as e:
-            failed, detail = True, str(e)
+            unknown, failed, detail = False, True, str(e)
         if failed:
             # Carry on whatever runsc says: kill what is left of the sandbox ourselves and
             # remove the rest, so a stuck runsc never leaks mounts, cgroups or directories.
             log.warning("%s delete %s failed (%s); killing its processes", driver.name, cid, detail)
             self._kill_container_processes(driver, cid)
             driver.forget(cid)
+        elif unknown:
+            # A run/restore killed at its timeout never registered the container, but its
+            # sandbox and gofer processes may be up (and spinning): find them by id.
+            self._kill_container_processes(driver, cid)
         self.reaper.sweep()
         await self.net.ports.close(sandbox_id)
         slot = self._slots.pop(sandbox_id, None)
@@ -935,7 +962,7 @@ class SandboxService:
             self.snapshots.write_meta(SnapshotMeta(sid, sandbox_id, lv.image_id, lv.cpu, lv.memory_mib, lv.env,
                                                    time.time(), internal, lv.volumes, kind, lv.key.hex(),
                                                    lv.net.to_wire() if lv.net else None, lv.disk_mib,
-                                                   lv.platform))
+                                                   lv.platform, agent_pinned=True))
             self.store.insert_snapshot(sid, sandbox_id, lv.image_id, internal, kind,
                                        None if ttl_s is None else time.time() + ttl_s)
         except BaseException:
@@ -956,7 +983,10 @@ class SandboxService:
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         """Deletes a snapshot. Raises InvalidState while it is in use, SnapshotNotFound if unknown."""
-        self.snapshots.meta(snapshot_id)
+        try:
+            self.snapshots.meta(snapshot_id)
+        except errors.InvalidState:
+            pass  # an unreadable meta.json: deleting the snapshot is the way out
         why = self.snapshot_in_use(snapshot_id)
         if why:
             raise errors.InvalidState(f"snapshot {snapshot_id} is in use: {why}")

@@ -12,13 +12,16 @@ processes find the filesystem they left.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidArgument, SnapshotNotFound
+from ..errors import InvalidArgument, InvalidState, SnapshotNotFound
 from ..runtime.rootfs import remove_tree, tree_usage
+
+log = logging.getLogger("rollbox.snapshots")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class SnapshotMeta:
     network: dict[str, Any] | None = None
     disk_mib: int | None = None  # the source's writable-layer cap; copies get the same
     platform: str = ""  # gVisor platform of the checkpoint ("" from before it was kept: systrap)
+    agent_pinned: bool = False  # its directory holds agent/, the build its processes run
 
 
 def new_snapshot_id() -> str:
@@ -66,10 +70,19 @@ class SnapshotStore:
         tmp.rename(p)
 
     def meta(self, snapshot_id: str) -> SnapshotMeta:
+        """Raises SnapshotNotFound, or InvalidState for a meta.json that cannot be read.
+
+        Keys this version does not know (a newer rollbox wrote them) are ignored, so a
+        downgrade or a mixed-version cluster still reads every snapshot it can restore."""
         try:
-            return SnapshotMeta(**json.loads((self.dir(snapshot_id) / "meta.json").read_text()))
+            raw = json.loads((self.dir(snapshot_id) / "meta.json").read_text())
+            known = {f.name for f in fields(SnapshotMeta)}
+            return SnapshotMeta(**{k: v for k, v in raw.items() if k in known})
         except FileNotFoundError:
             raise SnapshotNotFound(f"snapshot {snapshot_id!r} not found: list them with `rollbox snapshot ls`") from None
+        except (OSError, ValueError, TypeError, AttributeError) as e:
+            raise InvalidState(f"snapshot {snapshot_id!r} has an unreadable meta.json ({type(e).__name__}: {e}); "
+                               f"delete it with `rollbox snapshot rm {snapshot_id}`") from None
 
     def size_bytes(self, snapshot_id: str) -> int:
         return tree_usage(self.dir(snapshot_id))[0]
@@ -82,5 +95,8 @@ class SnapshotStore:
         if self.root.is_dir():
             for d in sorted(self.root.iterdir()):
                 if (d / "meta.json").is_file():
-                    out.append(self.meta(d.name))
+                    try:
+                        out.append(self.meta(d.name))
+                    except InvalidState as e:  # one bad snapshot must not hide the others
+                        log.warning("%s", e)
         return out
