@@ -122,7 +122,7 @@ def oci_spec(spec: BundleSpec) -> dict[str, object]:
             *([{"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup"}] if spec.privileged else []),
             {"destination": AGENT_MOUNT, "type": "bind", "source": str(spec.agent_dir),
              "options": ["rbind", "ro"]},
-            *({"destination": dest, "type": "bind", "source": src, "options": ["rbind", "rw"]}
+            *({"destination": dest, "type": "bind", "source": src, "options": ["rbind", "rw", "nosuid", "nodev"]}
               for src, dest in spec.binds),
         ],
         "linux": {

@@ -358,3 +358,33 @@ def test_subdirectory_swapped_during_tree_removal(vs: VolumeStore, data: Path, h
     assert swapped and not (data / "d").exists()
     assert snapshot(host) == before
     assert (data / "sub-kept" / "f").read_bytes() == b"x"
+
+
+def test_deep_trees_long_names_and_device_nodes(tmp_path: Path) -> None:
+    """Break-it findings: 1,500 nested directories must not 500 listing or deletion; a legal
+    255-byte name is writable; a device node a runc sandbox planted is never opened."""
+    import os
+    import stat as st
+
+    from rollbox.volumes.store import VolumeStore
+
+    store = VolumeStore(tmp_path / "vols")
+    store.ensure("deep")
+    d = store.data_dir("deep")
+    fd = os.open(d, os.O_RDONLY)
+    for _ in range(1500):  # deeper than Python's recursion limit
+        os.mkdir("n", dir_fd=fd)
+        nfd = os.open("n", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    os.close(fd)
+    assert store.info("deep").files == 0
+    name = "x" * 255
+    assert store.write_file("deep", "/" + name, b"ok") == 2 and store.read_file("deep", "/" + name) == b"ok"
+    with pytest.raises(InvalidArgument, match="over 255 bytes"):
+        store.write_file("deep", "/" + "y" * 256, b"no")
+    os.mknod(d / "kmsg", 0o600 | st.S_IFCHR, os.makedev(1, 11))
+    with pytest.raises(InvalidArgument, match="not a regular file"):
+        store.read_file("deep", "/kmsg")
+    store.delete("deep")
+    assert not (tmp_path / "vols" / "deep").exists()
