@@ -929,10 +929,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick or args.smoke:
         global N_COLD, N_RESTORE, N_EXEC, N_RAW_EXEC, N_RAW_RESTORE, N_RAW_COLD, POOL_RUNS, RAW_EPISODE_RUNS
         global NET_CYCLES, IDLE_N
-        N_COLD, N_RESTORE, N_EXEC, N_RAW_EXEC, N_RAW_RESTORE, N_RAW_COLD = 4, 10, 40, 10, 10, 4
-        POOL_RUNS, RAW_EPISODE_RUNS, IDLE_N = ((1, 8), (4, 16)), ((1, 6), (4, 8)), 4
-        global TIER_RUNS, TIER_POOL_RUNS, N_TIER_TTFC, N_WARM_ACQUIRE, SCALE_TESTS
-        TIER_RUNS, TIER_POOL_RUNS = [(1, 6), (4, 12), (16, 16), (64, 64)], [(1, 4), (4, 8), (16, 16)]
+        N_COLD, N_RESTORE, N_EXEC, N_RAW_EXEC, N_RAW_RESTORE, N_RAW_COLD = 4, 8, 40, 10, 8, 4
+        POOL_RUNS, RAW_EPISODE_RUNS, IDLE_N = ((1, 6), (4, 12)), ((1, 6), (4, 8)), 4
+        global TIER_RUNS, TIER_POOL_RUNS, N_TIER_TTFC, N_WARM_ACQUIRE, SCALE_TESTS, IDLE_CPU_WINDOW_S
+        TIER_RUNS, TIER_POOL_RUNS = [(1, 4), (4, 8), (16, 16), (64, 64)], [(1, 4), (4, 8), (16, 16)]
+        IDLE_CPU_WINDOW_S = 3.0
         N_TIER_TTFC, N_WARM_ACQUIRE, SCALE_TESTS = 6, 8, False
         global RAY_ROW
         RAY_ROW = False
