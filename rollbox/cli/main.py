@@ -191,7 +191,8 @@ def daemon_status() -> None:
     except errors.DaemonUnavailable:
         print(f"not running ({c.base_url})")
         raise typer.Exit(1)
-    print(f"running: pid {h['pid']}, version {h['version']}, {h['sandboxes']} live sandboxes, {c.base_url}")
+    print(f"running: pid {h['pid']}, version {h['version']}, gVisor platform {h.get('platform') or '?'}, "
+          f"{h['sandboxes']} live sandboxes, {c.base_url}")
 
 
 @daemon_app.command("stop")
