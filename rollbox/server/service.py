@@ -52,7 +52,8 @@ log = logging.getLogger("rollbox.service")
 
 # Output kept per stream of one exec, in bytes; the rest is counted and dropped (`truncated`).
 DEFAULT_MAX_OUTPUT = 8 * 1024 * 1024
-BOOT_TIMEOUT_S = 60.0
+# Seconds a run/restore and the agent's first answer may take; ROLLBOX_BOOT_TIMEOUT_S overrides it.
+BOOT_TIMEOUT_S = float(os.environ.get("ROLLBOX_BOOT_TIMEOUT_S") or 60.0)
 MIN_FREE_DISK = 256 * 1024 * 1024
 # The writable layer's cap (`disk`, MiB): at least room for the agent's files, at most 1 TiB.
 MIN_DISK_MIB = 16
@@ -395,7 +396,7 @@ class SandboxService:
             ttfc_ms = (time.monotonic() - t0) * 1000
         except BaseException as exc:
             channel.close("the sandbox failed to start")
-            await self.teardown_host(sandbox_id)
+            await self.teardown_host(sandbox_id, failed_start=True)
             if isinstance(exc, errors.RollboxError):
                 raise
             if isinstance(exc, asyncio.TimeoutError):
@@ -806,7 +807,9 @@ class SandboxService:
             if ending:
                 self.store.update_sandbox(sandbox_id, state="terminated")
 
-    async def teardown_host(self, sandbox_id: str) -> None:
+    async def teardown_host(self, sandbox_id: str, *, failed_start: bool = False) -> None:
+        """Removes everything the sandbox holds on the host. failed_start: its run/restore did
+        not finish, so runsc may not know the container while its processes are up."""
         cid = container_id(sandbox_id)
         d = self.sandbox_dir(sandbox_id)
         driver = self.driver_of(sandbox_id)
@@ -829,9 +832,10 @@ class SandboxService:
             log.warning("%s delete %s failed (%s); killing its processes", driver.name, cid, detail)
             self._kill_container_processes(driver, cid)
             driver.forget(cid)
-        elif unknown:
-            # A run/restore killed at its timeout never registered the container, but its
-            # sandbox and gofer processes may be up (and spinning): find them by id.
+        if not failed and (unknown or failed_start):
+            # A run/restore killed at its timeout may not have registered the container (or
+            # delete could not reach a hung sandbox), but its sandbox and gofer processes may
+            # be up, even spinning: find them by id.
             self._kill_container_processes(driver, cid)
         self.reaper.sweep()
         await self.net.ports.close(sandbox_id)
