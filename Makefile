@@ -35,7 +35,7 @@ agent:
 	  RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR=$(CURDIR)/build/agent-target \
 	    cargo build --quiet --release --offline --target $(AGENT_TARGET) --manifest-path $(AGENT_SRC)/Cargo.toml && \
 	  install -m 0755 build/agent-target/$(AGENT_TARGET)/release/rollbox-agent $(AGENT_BIN).tmp && \
-	  mv -f $(AGENT_BIN).tmp $(AGENT_BIN) || \
+	  mv -f $(AGENT_BIN).tmp $(AGENT_BIN) && echo "native agent: $(AGENT_BIN)" || \
 	  echo "building the native agent failed (Rust >= 1.66 needed): sandboxes will use agent.py (images need python3)"; \
 	else echo "cargo not found: sandboxes will use the Python agent (images need python3)"; fi
 

@@ -10,7 +10,7 @@ apt_install() {
 }
 
 # gVisor from bookworm-backports: the 20240729 build has the systrap platform and a
-# working checkpoint/restore here (see shared PLATFORM.md); bookworm's own is too old.
+# working checkpoint/restore here (systrap, --network=sandbox); bookworm's own 20221219 is too old.
 if ! runsc --version 2>/dev/null | grep -q '20240729'; then
     if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
         cat >/etc/apt/sources.list.d/rollbox-backports.sources <<'SRC'
