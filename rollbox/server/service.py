@@ -520,10 +520,6 @@ class SandboxService:
             except OSError:
                 pass
 
-    @staticmethod
-    def _find_sandbox_pid(driver: Driver, cid: str) -> int | None:
-        return next((pid for pid, role in driver.processes(cid) if role == "sandbox"), None)
-
     def driver_of(self, sandbox_id: str) -> Driver:
         """The driver that owns a sandbox's container: from its directory's marker, its live
         handle or row, or runc's state root; gVisor otherwise."""
@@ -708,7 +704,13 @@ class SandboxService:
         sid = lv.sandbox_id
         lv.channel.on_lost = lambda reason: self._on_lost(sid, None, from_channel=True)
         if find_pid:
-            lv.pid = self._find_sandbox_pid(self.drivers.get(lv.runtime, self.runsc), container_id(sid))
+            procs = self.drivers.get(lv.runtime, self.runsc).processes(container_id(sid))
+            lv.pid = next((pid for pid, role in procs if role == "sandbox"), None)
+            # The gofer is our orphan too: a pidfd reaps it when it exits, so the reaper's sweep
+            # never has to read /proc for it (that cost grew with every sandbox up).
+            for pid, role in procs:
+                if role == "gofer":
+                    self.reaper.watch(pid, lambda _status: None)
         if lv.pid is not None:
             self.reaper.watch(lv.pid, lambda status: self._on_lost(sid, status))
 
