@@ -57,10 +57,18 @@ def test_exec_refuses_bad_commands(sandbox) -> None:  # type: ignore[no-untyped-
     assert sandbox.exec("true").exit_code == 0
 
 
+class _UncheckedVolume:
+    """What an old or hand-written client could send: the daemon must refuse the name itself
+    (the SDK's Volume now refuses it at construction)."""
+
+    def to_wire(self) -> dict[str, str]:
+        return {"name": "../etc", "mount_path": "/data"}
+
+
 @pytest.mark.parametrize("kwargs", [
     {"cpu": "1"}, {"cpu": -1}, {"memory": -1}, {"memory": "1g"}, {"keep_warm_seconds": "x"},
     {"ports": [0]}, {"ports": ["80"]}, {"allow_list": "pypi.org"}, {"env": {"": "x"}},
-    {"volumes": [Volume(name="../etc", mount_path="/data")]}, {"volumes": [Volume(name="v", mount_path="rel")]},
+    {"volumes": [_UncheckedVolume()]}, {"volumes": [Volume(name="v", mount_path="rel")]},
     {"gpu_count": 0}, {"runtime": "kvm"}, {"disk": -1},
 ])
 def test_create_refuses_bad_settings(kwargs) -> None:  # type: ignore[no-untyped-def]
