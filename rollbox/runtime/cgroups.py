@@ -45,14 +45,19 @@ def _read_int(path: Path, key: str | None = None) -> int | None:
     return None
 
 
-def oom_kill_count(container_id: str, parent: str = PARENT) -> int:
-    """How many processes the kernel OOM-killed in the sandbox's memory cgroup so far (v1 or v2)."""
-    for f in (CGROUP_ROOT / "memory" / parent / container_id / "memory.oom_control",
-              CGROUP_ROOT / "unified" / parent / container_id / "memory.events"):
-        n = _read_int(f, "oom_kill")
+def _event_count(container_id: str, parent: str, v1: tuple[str, str], v2_file: str, key: str) -> int:
+    """A cumulative `key` counter of the sandbox's cgroup: the v1 controller's file, else v2's."""
+    for f in (CGROUP_ROOT / v1[0] / parent / container_id / v1[1],
+              CGROUP_ROOT / "unified" / parent / container_id / v2_file):
+        n = _read_int(f, key)
         if n:
             return n
     return 0
+
+
+def oom_kill_count(container_id: str, parent: str = PARENT) -> int:
+    """How many processes the kernel OOM-killed in the sandbox's memory cgroup so far (v1 or v2)."""
+    return _event_count(container_id, parent, ("memory", "memory.oom_control"), "memory.events", "oom_kill")
 
 
 def oom_killed(container_id: str, parent: str = PARENT) -> bool:
@@ -62,12 +67,7 @@ def oom_killed(container_id: str, parent: str = PARENT) -> bool:
 
 def pids_max_count(container_id: str, parent: str = PARENT) -> int:
     """How many forks the pids controller refused so far (`pids.events` "max"; v1 or v2)."""
-    for f in (CGROUP_ROOT / "pids" / parent / container_id / "pids.events",
-              CGROUP_ROOT / "unified" / parent / container_id / "pids.events"):
-        n = _read_int(f, "max")
-        if n:
-            return n
-    return 0
+    return _event_count(container_id, parent, ("pids", "pids.events"), "pids.events", "max")
 
 
 def cpu_seconds(container_id: str, parent: str = PARENT) -> float | None:
