@@ -149,7 +149,7 @@ class ImageStore:
                 cache[p] = tree_usage(p)[0] if p.is_dir() else 0
             return cache[p]
 
-        chains = {i: self.layers(i) for i in metas}
+        chains = {i: self.layers(i, check=False) for i in metas}
         users: dict[Path, int] = {}
         for chain in chains.values():
             for p in chain:
@@ -202,8 +202,11 @@ class ImageStore:
                     else ": list images with `rollbox image ls`")
             raise ImageNotFound(f"image {image_id!r} not found{hint}") from None
 
-    def layers(self, image_id: str) -> list[Path]:
-        """The image's layer directories, top first (overlayfs `lowerdir` order)."""
+    def layers(self, image_id: str, *, check: bool = True) -> list[Path]:
+        """The image's layer directories, top first (overlayfs `lowerdir` order).
+
+        Raises ImageNotFound for an unknown image, or with `check` one whose layer directory
+        is missing on disk; InvalidArgument past MAX_DEPTH layers."""
         out: list[Path] = []
         cur: str | None = image_id
         while cur is not None:
@@ -215,6 +218,12 @@ class ImageStore:
             if len(out) > MAX_DEPTH:
                 raise InvalidArgument(f"image {image_id} has more than {MAX_DEPTH} layers")
             cur = m.parent
+        # A layer directory removed behind the store's back (by hand, a partial copy of the
+        # state directory) would only surface as overlayfs' ENOENT at mount: name it here.
+        for layer in out if check else ():
+            if not layer.is_dir():
+                raise ImageNotFound(f"image {image_id!r} is incomplete: its layer directory {layer} is missing; "
+                                    f"remove it (`rollbox image rm {image_id}`) and pull or build it again")
         return out
 
     def ensure_debian(self) -> str:

@@ -205,6 +205,9 @@ class SandboxService:
         self.net = NetworkManager(paths.home)
         # Sandbox id -> its network slot (the only record of which slot is whose).
         self._slots: dict[str, Slot] = {}
+        # Container ids of ended sandboxes whose cgroup the kernel still called busy at teardown
+        # (a process of theirs not yet reaped): the watchdog removes them when it can.
+        self.cgroup_leftovers: set[str] = set()
         self.warm = WarmPools(self)
         self.builder = Builder(self)
         # Admission control. Restores and boots are CPU-bound: a bounded number at once keeps
@@ -846,11 +849,27 @@ class SandboxService:
             await self.net.release(slot)
         await asyncio.to_thread(unmount, d / "rootfs")
         await asyncio.to_thread(unmount, d / "disk")
-        left = cgroups.remove(cid, self.cg)
-        if left:
-            await asyncio.sleep(0.1)
-            cgroups.remove(cid, self.cg)
+        await self._remove_cgroup(cid)
         await asyncio.to_thread(remove_tree, d)
+
+    async def _remove_cgroup(self, cid: str) -> None:
+        # rmdir answers EBUSY while a killed process of the sandbox is still exiting or
+        # unreaped: retry for a while, then leave it to the watchdog rather than leak it.
+        for delay in (0.0, 0.05, 0.1, 0.2, 0.4, 0.8):
+            await asyncio.sleep(delay)
+            self.reaper.sweep()
+            if not cgroups.remove(cid, self.cg):
+                self.cgroup_leftovers.discard(cid)
+                return
+        log.warning("cgroup of container %s still busy after teardown; the watchdog retries", cid)
+        self.cgroup_leftovers.add(cid)
+
+    def retry_cgroup_leftovers(self) -> None:
+        """Removes the cgroups teardown could not (their last processes have exited since)."""
+        live = {container_id(s) for s in self.live}
+        for cid in list(self.cgroup_leftovers):
+            if cid in live or not cgroups.remove(cid, self.cg):
+                self.cgroup_leftovers.discard(cid)
 
     # ---- exec and files ------------------------------------------------------------------
 

@@ -141,5 +141,6 @@ async def run(svc: SandboxService, interval_s: float = 1.0, sample_every: int = 
             if n % sample_every == 0:
                 svc.sample_usage()
             svc.reaper.sweep()
+            svc.retry_cgroup_leftovers()
         except Exception:  # noqa: BLE001 - the watchdog must outlive any one failure
             log.exception("watchdog pass failed")

@@ -35,9 +35,12 @@ def side_home(paths: Paths, suffix: str) -> Paths:
     hard-linked in (image layers are read-only), so that it boots without building any."""
     p = Paths(Path(f"{paths.home}-{suffix}"))
     p.ensure()
-    for img in paths.images.iterdir():
-        if not (p.images / img.name).exists():
-            subprocess.run(["cp", "-al", str(img), str(p.images / img.name)], check=True)
+    # Entry by entry, shared layers included: images built since an earlier run need theirs.
+    for src in [*paths.images.iterdir(), *paths.images.glob("_layers/*")]:
+        dst = p.images / src.relative_to(paths.images)
+        if src.name != "_layers" and not src.name.startswith(".") and not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["cp", "-al", str(src), str(dst)], check=True)
     return p
 
 

@@ -15,6 +15,7 @@ from rollbox import Image, Sandbox
 from rollbox.client.transport import Client
 from rollbox.runtime import cgroups
 from rollbox.runtime.runsc import Runsc
+from rollbox.server.service import container_id
 
 from .conftest import host_traces
 
@@ -92,7 +93,7 @@ def test_isolation_between_sandboxes_and_image(make_sandbox) -> None:
     assert c.exec("test", "-e", "/etc/a-only").exit_code == 1
 
 
-def test_memory_limit_gives_oom(make_sandbox) -> None:
+def test_memory_limit_gives_oom(make_sandbox, paths) -> None:
     sb = make_sandbox(memory=256)
     r = sb.exec("python3", "-c", "x = bytearray(1024**3); print(len(x))", timeout=60)
     assert r.oom_killed and not r.ok
@@ -100,6 +101,13 @@ def test_memory_limit_gives_oom(make_sandbox) -> None:
         for _ in range(50):
             sb.exec("true")
             time.sleep(0.1)
+    # Its cgroup goes too, even when the kernel still called it busy at teardown (the OOM-killed
+    # sandbox exiting slowly): the watchdog retries it within a few seconds.
+    cid = container_id(sb.sandbox_id)
+    deadline = time.monotonic() + 15
+    while cgroups.controller_dirs(cid, paths.cgroup_parent) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert cgroups.controller_dirs(cid, paths.cgroup_parent) == []
 
 
 def test_cpu_limit_applied(make_sandbox, paths) -> None:
@@ -203,3 +211,31 @@ def test_create_image_from_filesystem(make_sandbox) -> None:
     client.request("DELETE", f"/images/{image_id}")
     with pytest.raises(rollbox.ImageNotFound):
         client.request("GET", f"/images/{image_id}")
+
+
+def test_busy_cgroup_is_retried_until_free() -> None:
+    """A cgroup with a process still in it refuses rmdir (EBUSY); the watchdog's retry keeps it
+    on its list and removes it once the process is gone."""
+    from types import SimpleNamespace
+
+    from rollbox.server.service import SandboxService
+
+    parent, cid = f"rollbox-busytest-{os.getpid()}", "c0ffee"
+    d = cgroups.CGROUP_ROOT / "pids" / parent / cid
+    d.mkdir(parents=True)
+    proc = subprocess.Popen(["sleep", "600"])
+    try:
+        (d / "cgroup.procs").write_text(str(proc.pid))
+        svc = SimpleNamespace(live={}, cgroup_leftovers={cid}, cg=parent)
+        SandboxService.retry_cgroup_leftovers(svc)  # type: ignore[arg-type]
+        assert d.is_dir() and svc.cgroup_leftovers == {cid}
+        proc.kill()
+        proc.wait()
+        SandboxService.retry_cgroup_leftovers(svc)  # type: ignore[arg-type]
+        assert not d.exists() and svc.cgroup_leftovers == set()
+    finally:
+        proc.kill()
+        proc.wait()
+        for p in (d, d.parent):
+            if p.exists():
+                p.rmdir()

@@ -53,6 +53,22 @@ def test_missing_parent(tmp_path):
         ImageStore(tmp_path).layers("im-top")
 
 
+def test_missing_layer_directory_is_named(tmp_path):
+    """An image whose layer directory vanished is refused before overlayfs' bare ENOENT; its
+    size listing still works, so it can be found and removed."""
+    make_image(tmp_path, "im-base", None, kind="debian")
+    make_image(tmp_path, "im-top", "im-base", rootfs=False)
+    (tmp_path / "im-top" / "meta.json").write_text(json.dumps(
+        {"image_id": "im-top", "parent": "im-base", "kind": "oci", "created_at": 1.0, "layers": ["sha256-gone"]}))
+    st = ImageStore(tmp_path)
+    with pytest.raises(ImageNotFound, match="incomplete.*sha256-gone.*rollbox image rm im-top"):
+        st.layers("im-top")
+    assert len(st.layers("im-top", check=False)) == 2
+    assert {s["image_id"] for s in st.sizes()} == {"im-base", "im-top"}
+    st.delete("im-top")
+    assert not (tmp_path / "im-top").exists()
+
+
 @pytest.mark.parametrize("bad", ["a/b", "../etc", "/abs", "", ".hidden", ".."])
 def test_invalid_ids(tmp_path, bad):
     st = ImageStore(tmp_path)
