@@ -203,14 +203,25 @@ def daemon_stop() -> None:
 
 
 @daemon_app.command("restart")
-def daemon_restart() -> None:
-    """Stop and start the local daemon (it re-adopts running sandboxes)."""
+def daemon_restart(platform: str = typer.Option("", help="gVisor platform of the new daemon (systrap or "
+                                                          "ptrace); default: the running daemon's")) -> None:
+    """Stop and start the local daemon (it re-adopts running sandboxes) on the same gVisor
+    platform unless --platform says otherwise. The new one serves the local socket only: run
+    `rollbox serve --listen ...` yourself for a TCP listener."""
     from ..client.transport import Client, stop_daemon
+    from ..runtime.runsc import platform_from_env
+    try:
+        running = Client(autostart=False).request("GET", "/health").get("platform") or ""
+    except errors.DaemonUnavailable:
+        running = ""
+    if platform or running:
+        # The autostarted daemon reads its platform from the environment it inherits.
+        os.environ["ROLLBOX_PLATFORM"] = platform_from_env(platform or running)
     stop_daemon(Paths.from_env())
     c = Client()
     c.ensure_daemon()
     h = c.request("GET", "/health")
-    print(f"running: pid {h['pid']}, {h['sandboxes']} live sandboxes")
+    print(f"running: pid {h['pid']}, gVisor platform {h.get('platform') or '?'}, {h['sandboxes']} live sandboxes")
 
 
 @image_app.command("build-base")

@@ -101,3 +101,19 @@ def test_an_unknown_platform_is_refused_with_the_choices(paths: Paths, monkeypat
     monkeypatch.setenv("ROLLBOX_PLATFORM", "kvm-please")
     with pytest.raises(DaemonUnavailable, match="systrap, ptrace"):
         Client(paths=p).request("GET", "/health")
+
+
+def test_daemon_restart_keeps_the_platform(ptrace_daemon: Client) -> None:
+    """`rollbox daemon restart` brings the daemon back on the platform it ran on (the restart
+    is an SDK autostart, which would otherwise take the default)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "ROLLBOX_PLATFORM"}
+    env["ROLLBOX_HOME"] = str(ptrace_daemon.paths.home)
+    before = ptrace_daemon.request("GET", "/health")["pid"]
+    out = subprocess.run([sys.executable, "-m", "rollbox", "daemon", "restart"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "gVisor platform ptrace" in out.stdout, out.stdout + out.stderr
+    h = Client(paths=ptrace_daemon.paths).request("GET", "/health")
+    assert h["platform"] == "ptrace" and h["pid"] != before
