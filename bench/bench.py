@@ -53,7 +53,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,7 @@ from rollbox.sdk.sandbox import Sandbox, SandboxInstance, default_client
 from rollbox.server import inventory
 
 from . import scale
+from .stats import pct
 
 SHARED_HOME = Path("/var/lib/rollbox")
 IMAGE_ID = "im-debian-bookworm"
@@ -103,17 +104,6 @@ TARGETS = {"restore_ttfc_p50_ms": ("<=", 100.0), "ttfc_p99_ms": ("<=", 250.0),
 
 
 # ---- statistics --------------------------------------------------------------------------
-
-def pct(values: Sequence[float], q: float) -> float:
-    """The q-quantile (0..1) with linear interpolation between closest ranks."""
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
 
 def timed_ms(fn: Callable[[], Any]) -> tuple[float, Any]:
     t0 = time.perf_counter()

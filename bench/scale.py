@@ -38,19 +38,11 @@ from rollbox.runtime.runc import runc_spec
 from rollbox.sdk.pool import SandboxPool
 from rollbox.sdk.sandbox import Sandbox, SandboxInstance, default_client
 
+from .stats import pct
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 WARM_SPARES_PER_CORE = 4
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def log(msg: str) -> None:

@@ -17,6 +17,7 @@ whose classification code the nodes run.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import sys
 import time
@@ -43,6 +44,11 @@ log = logging.getLogger("rollbox.distributed")
 ACTOR_MAX_CONCURRENCY = 1000  # threads of a node actor: episodes in flight there, plus control calls
 NODE_PENALTY_S = 5.0  # a node that just had an infrastructure fault is avoided this long
 CONTROL_TIMEOUT_S = 120.0
+# An attempt with a per-episode timeout that has not answered this long past it is given up as
+# an infrastructure fault (a hung or partitioned node that Ray has not declared dead): its
+# queue wait for a start slot on the node and its teardown fit well inside.
+ATTEMPT_GRACE_S = 300.0
+WAIT_TICK_S = 1.0  # how often the driver looks for overdue attempts
 
 
 @dataclass(frozen=True)
@@ -212,12 +218,11 @@ class RayPool:
             raise errors.InvalidArgument(f"retries={retries} must be >= 0")
         c = self._setup()
         ray = c.ray
-        from ray.exceptions import RayActorError, RayTaskError
-
         fn_ref = ray.put(pickle_by_value(fn, getattr(fn, "__module__", None)))
         queue: collections.deque[tuple[int, list[Attempt]]] = collections.deque((i, []) for i in range(len(items)))
         started: dict[int, float] = {}
         inflight: dict[Any, tuple[int, str, list[Attempt]]] = {}
+        give_up: dict[Any, float] = {}  # ref -> monotonic time past which it counts as lost
         load: dict[str, int] = collections.Counter()
         penalty: dict[str, float] = {}
         done_in_order: dict[int, EpisodeResult] = {}
@@ -233,25 +238,29 @@ class RayPool:
                     started.setdefault(idx, time.monotonic())
                     ref = c.actors[nid].attempt.remote(self.pool.pool_id, fn_ref, items[idx], timeout)
                     inflight[ref] = (idx, nid, hist)
+                    give_up[ref] = (time.monotonic() + timeout + ATTEMPT_GRACE_S) if timeout else float("inf")
                     load[nid] += 1
-                ready, _ = ray.wait(list(inflight), num_returns=1)
-                for ref in ready:
+                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=WAIT_TICK_S)
+                now = time.monotonic()
+                overdue = [r for r in inflight if r not in ready and give_up[r] < now]
+                for ref in [*ready, *overdue]:
                     idx, nid, hist = inflight.pop(ref)
+                    give_up.pop(ref)
                     load[nid] -= 1
-                    try:
-                        a: Attempt = ray.get(ref)
-                    except RayTaskError as e:
-                        if isinstance(e.cause, errors.RollboxError):
-                            raise e.cause from None
-                        raise
-                    except RayActorError as e:
-                        log.warning("node %s lost: %s", nid, e)
-                        c.drop(nid)
-                        a = Attempt("infra_error", None, f"the Ray node {nid} (or its rollbox actor) died: "
-                                    f"{type(e).__name__}", None, None, True, nid)
+                    if ref in overdue:
+                        with contextlib.suppress(Exception):
+                            ray.cancel(ref)  # best effort: a hung actor may never see it
+                        penalty[nid] = now + ATTEMPT_GRACE_S  # and new episodes avoid it as long
+                        log.warning("node %s: an attempt outlived its timeout by %.0f s; retrying it elsewhere",
+                                    nid, ATTEMPT_GRACE_S)
+                        a = Attempt("infra_error", None, f"the Ray node {nid} did not answer within {timeout:.0f} s "
+                                    f"(the episode's timeout) + {ATTEMPT_GRACE_S:.0f} s: hung or unreachable",
+                                    None, None, True, nid)
+                    else:
+                        a = self._collect(c, ref, nid)
                     hist.append(a)
                     if a.status == "infra_error" and a.retryable and len(hist) <= retries and not self._aborted:
-                        penalty[nid] = time.monotonic() + NODE_PENALTY_S
+                        penalty[nid] = max(penalty.get(nid, 0.0), time.monotonic() + NODE_PENALTY_S)
                         queue.appendleft((idx, hist))
                         continue
                     res = self._result(idx, hist, started[idx])
@@ -267,6 +276,24 @@ class RayPool:
             self._aborted = True
             self._broadcast("terminate_live")
             raise
+
+    @staticmethod
+    def _collect(c: Any, ref: Any, nid: str) -> Attempt:
+        """A finished attempt's outcome; a dead actor is an infrastructure fault (node dropped),
+        a RollboxError the node raised (bad snapshot id, ...) is raised here."""
+        from ray.exceptions import RayActorError, RayTaskError
+        try:
+            a: Attempt = c.ray.get(ref)
+            return a
+        except RayTaskError as e:
+            if isinstance(e.cause, errors.RollboxError):
+                raise e.cause from None
+            raise
+        except RayActorError as e:
+            log.warning("node %s lost: %s", nid, e)
+            c.drop(nid)
+            return Attempt("infra_error", None, f"the Ray node {nid} (or its rollbox actor) died: "
+                           f"{type(e).__name__}", None, None, True, nid)
 
     @staticmethod
     def _result(idx: int, hist: list[Attempt], start: float) -> EpisodeResult:

@@ -42,7 +42,8 @@ log = logging.getLogger("rollbox.distributed.node")
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """What a node actor reports about itself. `cpu`/`gpu`: what the node declared to Ray."""
+    """What a node actor reports about itself. `cpu`/`gpu`: what the node declared to Ray;
+    `actor_pid`: the actor's own worker process."""
 
     node_id: str
     hostname: str
@@ -51,6 +52,7 @@ class NodeInfo:
     restarts: int
     cpu: float = 0.0
     gpu: float = 0.0
+    actor_pid: int = 0
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,8 @@ class NodeDaemon:
 
     def info(self) -> NodeInfo:
         return NodeInfo(self.node_id, socket.gethostname(), str(self.paths.home), self._daemon_pid(),
-                        self._restarts, float(self.resources.get("CPU", 0.0)), float(self.resources.get("GPU", 0.0)))
+                        self._restarts, float(self.resources.get("CPU", 0.0)), float(self.resources.get("GPU", 0.0)),
+                        os.getpid())
 
     def shutdown(self, stop: bool = False) -> None:
         """Closes this actor's pools and stops supervising; `stop=True` also stops the daemon

@@ -7,6 +7,7 @@ faster and lighter, weaker isolation, no memory snapshots on this host because C
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -21,6 +22,45 @@ class RunResult:
     returncode: int
     stdout: bytes
     stderr: bytes
+
+
+async def run_command(argv: list[str], *, what: str, timeout: float) -> RunResult:
+    """Runs a runtime CLI verb to completion, output captured.
+
+    Raises SandboxLost when it outlives `timeout` seconds (it is killed first); `what` names
+    the verb in that message.
+    """
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise errors.SandboxLost(f"`{what}` did not finish in {timeout:.0f} s") from None
+    return RunResult(proc.returncode or 0, out, err)
+
+
+async def spawn_detached(argv: list[str], *, stdin_fd: int, stdout_fd: int, log_path: Path, what: str,
+                         timeout: float) -> RunResult:
+    """Runs a detaching `run`/`restore`: the container inherits stdin/stdout (the agent channel).
+
+    stderr goes to `log_path` (a pipe would stay open in the sandbox and never reach EOF); the
+    runtime runs in its own session so that signals to the daemon do not reach the sandbox.
+    Returns the exit code and the log's last 2,000 bytes; raises SandboxLost after `timeout`
+    seconds (the runtime CLI is killed; what it started is the caller's to clean up).
+    """
+    with open(log_path, "ab") as log:
+        proc = await asyncio.create_subprocess_exec(*argv, stdin=stdin_fd, stdout=stdout_fd, stderr=log,
+                                                    start_new_session=True)
+    try:
+        rc = await asyncio.wait_for(proc.wait(), timeout)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise errors.SandboxLost(f"`{what}` did not finish in {timeout:.0f} s") from None
+    tail = log_path.read_bytes()[-2000:] if log_path.exists() else b""
+    return RunResult(rc, b"", tail)
 
 
 class Driver(Protocol):

@@ -13,7 +13,6 @@ A networked sandbox joins its slot's namespace directly (runc needs none of runs
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import resource
@@ -21,8 +20,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..errors import RuntimeMissing, SandboxLost
-from .driver import RunResult
+from ..errors import RuntimeMissing
+from .driver import RunResult, run_command, spawn_detached
 
 INSTALL_HINT = "install runc (`apt-get install runc`, or run `make setup`)"
 
@@ -120,16 +119,7 @@ class Runc:
         return [self.binary, "--root", str(self.root), *verb]
 
     async def run(self, *verb: str, timeout: float = 60.0) -> RunResult:
-        proc = await asyncio.create_subprocess_exec(
-            *self.argv(*verb), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise SandboxLost(f"`runc {' '.join(verb)}` did not finish in {timeout:.0f} s") from None
-        return RunResult(proc.returncode or 0, out, err)
+        return await run_command(self.argv(*verb), what=f"runc {' '.join(verb)}", timeout=timeout)
 
     async def start_detached(self, verb: str, container_id: str, bundle: Path, *, stdin_fd: int, stdout_fd: int,
                              log_path: Path, extra: tuple[str, ...] = (), networked: bool = False,
@@ -143,18 +133,9 @@ class Runc:
             raise ValueError(f"runc driver cannot {verb!r}")
         harden_bundle(bundle)
         self.root.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            proc = await asyncio.create_subprocess_exec(
-                *self.argv("run", "-d", "--bundle", str(bundle), container_id),
-                stdin=stdin_fd, stdout=stdout_fd, stderr=log, start_new_session=True)
-        try:
-            rc = await asyncio.wait_for(proc.wait(), timeout)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise SandboxLost(f"`runc run` of {container_id} did not finish in {timeout:.0f} s") from None
-        tail = log_path.read_bytes()[-2000:] if log_path.exists() else b""
-        return RunResult(rc, b"", tail)
+        return await spawn_detached(self.argv("run", "-d", "--bundle", str(bundle), container_id), stdin_fd=stdin_fd,
+                                    stdout_fd=stdout_fd, log_path=log_path, what=f"runc run of {container_id}",
+                                    timeout=timeout)
 
     async def delete(self, container_id: str) -> RunResult:
         return await self.run("delete", "--force", container_id, timeout=20)

@@ -13,14 +13,13 @@ TIME_WAIT for a minute).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
 from pathlib import Path
 
-from ..errors import InvalidArgument, RuntimeMissing, SandboxLost
-from .driver import RunResult
+from ..errors import InvalidArgument, RuntimeMissing
+from .driver import RunResult, run_command, spawn_detached
 
 INSTALL_HINT = (
     "install gVisor from bookworm-backports: add the 'bookworm-backports' suite to apt's "
@@ -116,43 +115,22 @@ class Runsc:
                 "--overlay2=none", *verb]
 
     async def run(self, *verb: str, timeout: float = 60.0) -> RunscResult:
-        proc = await asyncio.create_subprocess_exec(
-            *self.argv(*verb), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise SandboxLost(f"`runsc {' '.join(verb)}` did not finish in {timeout:.0f} s") from None
-        return RunscResult(proc.returncode or 0, out, err)
+        return await run_command(self.argv(*verb), what=f"runsc {' '.join(verb)}", timeout=timeout)
 
     async def start_detached(self, verb: str, container_id: str, bundle: Path, *, stdin_fd: int,
                              stdout_fd: int, log_path: Path, extra: tuple[str, ...] = (), networked: bool = False, gpu: bool = False,
                              privileged: bool = False, platform: str | None = None,
                              timeout: float = 60.0) -> RunscResult:
-        """`runsc run|restore -detach`: the sandbox inherits stdin/stdout (the agent channel).
+        """`runsc run|restore -detach` (driver.spawn_detached: stdin/stdout are the agent channel).
 
-        stderr goes to a file: a pipe would stay open in the sandbox and never reach EOF.
-        The sandbox runs in its own session so that signals to the daemon do not reach it.
         networked: gVisor's netstack in the network namespace named by the bundle's spec.
         """
         argv = self.argv(verb, "-detach", *extra, "--bundle", str(bundle), container_id, networked=networked, gpu=gpu,
                          privileged=privileged, platform=platform)
         if networked:
             argv = [*NETNS_WRAPPER, *argv]
-        with open(log_path, "ab") as log:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=stdin_fd, stdout=stdout_fd, stderr=log, start_new_session=True)
-        try:
-            rc = await asyncio.wait_for(proc.wait(), timeout)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise SandboxLost(f"`runsc {verb}` of {container_id} did not finish in {timeout:.0f} s") from None
-        tail = log_path.read_bytes()[-2000:] if log_path.exists() else b""
-        return RunscResult(rc, b"", tail)
+        return await spawn_detached(argv, stdin_fd=stdin_fd, stdout_fd=stdout_fd, log_path=log_path,
+                                    what=f"runsc {verb} of {container_id}", timeout=timeout)
 
     async def list_ids(self) -> list[str]:
         res = await self.run("list", "-quiet", timeout=30)

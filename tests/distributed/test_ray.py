@@ -264,6 +264,39 @@ def test_killed_node_daemon_mid_batch_retries_on_the_other_node(cluster, snapsho
     assert info.restarts >= 1 and info.home == str(N2)
 
 
+def test_hung_node_is_given_up_after_the_timeout_and_retried(cluster, snapshot_id, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A node actor that stops answering (SIGSTOP: alive to Ray, but hung) does not hang the
+    map: its attempts are given up `timeout + ATTEMPT_GRACE_S` after they started and retried
+    on the other node, as infrastructure faults."""
+    from rollbox.distributed import backend as ray_backend
+
+    monkeypatch.setattr(ray_backend, "ATTEMPT_GRACE_S", 4.0)
+    actor = ray.get_actor(f"rollbox-node-{cluster['n2']}")
+    pid = ray.get(actor.info.remote()).actor_pid
+    assert pid > 0
+    results = []
+    stopped = False
+    try:
+        with SandboxPool(snapshot_id, max_concurrency=4, backend="ray") as pool:
+            for res in pool.map(slow, range(8), timeout=8, retries=2, progress=False):
+                results.append(res)
+                if not stopped:
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped = True
+            # Resumed before the pool closes: closing asks every node, the hung one included.
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert sorted(r.index for r in results) == list(range(8))
+    assert all(r.status == "ok" for r in results), [(r.status, r.error) for r in results]
+    given_up = [r for r in results if r.attempts > 1]
+    assert given_up, "no episode was in flight on node 2 when its actor stopped"
+    for r in given_up:
+        first = r.extra["attempts"][0]
+        assert first["node"] == cluster["n2"] and "did not answer" in first["error"], r.extra
+        assert r.node == cluster["n1"]
+
+
 @rollbox.function(memory=256, timeout=60, backend="ray")
 def cube(x: int) -> int:
     return x ** 3
