@@ -765,8 +765,8 @@ class SandboxService:
             if lv.channel.closed_reason is None:
                 log.warning("sandbox %s did not answer %s in %s s; terminating it", sid, op, wait_s)
                 self.spawn(self.terminate(sid, reason="unresponsive"))
-                raise errors.SandboxLost(f"sandbox {sid} stopped answering `{op}` within {wait_s} s; it was "
-                                         "terminated", sandbox_id=sid) from lost
+                raise errors.SandboxLost(f"sandbox {sid} stopped answering `{op}` within {wait_s} s; it is "
+                                         "being terminated", sandbox_id=sid) from lost
             await self._await_ending(lv)
             raise ended_error(sid, lv.exit_reason) from None
 

@@ -53,7 +53,11 @@ def test_fork_bomb_hits_the_pids_limit_and_is_reported(make_sandbox) -> None:  #
         assert r.timed_out and (r.pids_limited or b"Resource temporarily unavailable" in r.stderr), r
         assert sb.exec("echo", "recovered", timeout=30).stdout == b"recovered\n"
     except rollbox.SandboxLost:
-        # Starved of CPU by the bomb before the agent could answer: torn down as unresponsive.
+        # Starved of CPU by the bomb before the agent could answer: torn down as unresponsive
+        # (in the background: killing the bomb's thousands of tasks takes a while).
+        deadline = time.monotonic() + 60
+        while sb.info().state == "terminating" and time.monotonic() < deadline:
+            time.sleep(0.5)
         assert sb.info().state == "terminated"
     assert other.exec("echo", "ok").stdout == b"ok\n"
     assert default_client().request("GET", "/health")["ok"]
