@@ -34,7 +34,7 @@ from ..config import Paths
 from ..sdk.pool import reward_of
 from ..types import EpisodeResult
 from . import transfer
-from .node import Attempt, NodeDaemon, NodeInfo
+from .node import POOL_NOT_OPEN, Attempt, NodeDaemon, NodeInfo
 
 if TYPE_CHECKING:
     from ..sdk.function import Function
@@ -193,13 +193,15 @@ class RayPool:
             self.cluster = Cluster(self.config)
         c = self.cluster
         c.ship_snapshot(self.pool._client.paths, self.pool.snapshot_id)
-        todo = [n for n in c.actors if n not in self._opened]
+        self._open_on(c, [n for n in c.actors if n not in self._opened])
+        return c
+
+    def _open_on(self, c: Cluster, nodes: list[str]) -> None:
         p = self.pool
         refs = [c.actors[n].open_pool.remote(p.pool_id, p.snapshot_id, p.max_concurrency, p.keep_warm_seconds,
-                                             p.warm, p.warm_idle_seconds) for n in todo]
+                                             p.warm, p.warm_idle_seconds) for n in nodes]
         c.ray.get(refs, timeout=CONTROL_TIMEOUT_S)
-        self._opened.update(todo)
-        return c
+        self._opened.update(nodes)
 
     def _pick(self, c: Cluster, load: dict[str, int], avoid: set[str], penalty: dict[str, float]) -> str | None:
         nodes = [n for n in c.actors if n in self._opened]
@@ -223,6 +225,7 @@ class RayPool:
         started: dict[int, float] = {}
         inflight: dict[Any, tuple[int, str, list[Attempt]]] = {}
         give_up: dict[Any, float] = {}  # ref -> monotonic time past which it counts as lost
+        reopened: dict[str, int] = collections.Counter()
         load: dict[str, int] = collections.Counter()
         penalty: dict[str, float] = {}
         done_in_order: dict[int, EpisodeResult] = {}
@@ -258,6 +261,15 @@ class RayPool:
                                     None, None, True, nid)
                     else:
                         a = self._collect(c, ref, nid)
+                        if a.status == "infra_error" and (a.error or "").startswith(POOL_NOT_OPEN) \
+                                and reopened[nid] < 3:
+                            # The node's actor restarted and forgot the pool: open it again and
+                            # resend; the episode never ran, so this is not one of its attempts.
+                            reopened[nid] += 1
+                            self._opened.discard(nid)
+                            self._open_on(c, [nid])
+                            queue.appendleft((idx, hist))
+                            continue
                     hist.append(a)
                     if a.status == "infra_error" and a.retryable and len(hist) <= retries and not self._aborted:
                         penalty[nid] = max(penalty.get(nid, 0.0), time.monotonic() + NODE_PENALTY_S)

@@ -55,6 +55,10 @@ class NodeInfo:
     actor_pid: int = 0
 
 
+# Prefix of the error of an attempt sent to a node whose actor no longer knows the pool.
+POOL_NOT_OPEN = "PoolNotOpen"
+
+
 @dataclass(frozen=True)
 class Attempt:
     """One episode attempt on one node, as `SandboxPool._attempt` classified it.
@@ -216,7 +220,10 @@ class NodeDaemon:
             pool = self._pools.get(pool_id)
             gen = self._generation
         if pool is None:
-            raise errors.InvalidState(f"pool {pool_id} is not open on node {self.node_id}")
+            # This actor restarted (Ray re-ran __init__) since the driver opened the pool here:
+            # not the episode's fault, and the driver reopens the pool and sends it again.
+            return Attempt("infra_error", None, f"{POOL_NOT_OPEN}: pool {pool_id} is not open on node "
+                           f"{self.node_id} (its rollbox actor restarted)", None, None, True, self.node_id)
         fn = cloudpickle.loads(fn_pickled)
         status, value, err, sb, ttfc, retryable = pool._attempt(fn, task, timeout)
         with self._lock:

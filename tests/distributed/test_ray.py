@@ -297,6 +297,33 @@ def test_hung_node_is_given_up_after_the_timeout_and_retried(cluster, snapshot_i
         assert r.node == cluster["n1"]
 
 
+def quick(sb, task):  # type: ignore[no-untyped-def]
+    return float(sb.exec("true").exit_code == 0)
+
+
+def test_restarted_node_actor_gets_the_pool_again(cluster, snapshot_id) -> None:  # type: ignore[no-untyped-def]
+    """A node actor that dies between two maps of one pool is restarted by Ray without the
+    pool; the next map reopens it there instead of failing, and no attempt is spent on it."""
+    actor = ray.get_actor(f"rollbox-node-{cluster['n2']}")
+    with SandboxPool(snapshot_id, max_concurrency=4, backend="ray") as pool:
+        first = list(pool.map(quick, range(4), timeout=60, progress=False))
+        assert all(r.status == "ok" for r in first), [(r.status, r.error) for r in first]
+        old = ray.get(actor.info.remote()).actor_pid
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while True:  # calls fail until Ray has restarted the actor
+            try:
+                if ray.get(actor.info.remote(), timeout=30).actor_pid != old:
+                    break
+            except ray.exceptions.RayActorError:
+                pass
+            assert time.monotonic() < deadline, "Ray did not restart the node actor"
+            time.sleep(0.5)
+        second = list(pool.map(quick, range(8), timeout=60, retries=0, progress=False))
+    assert all(r.status == "ok" and r.attempts == 1 for r in second), [(r.status, r.error) for r in second]
+    assert {r.node for r in second} == {cluster["n1"], cluster["n2"]}
+
+
 @rollbox.function(memory=256, timeout=60, backend="ray")
 def cube(x: int) -> int:
     return x ** 3
