@@ -44,5 +44,7 @@ def build_debian_rootfs(target: Path, log_path: Path) -> None:
     for d in ("proc", "sys", "dev", "tmp", ".rollbox", "work"):
         (tmp / d).mkdir(exist_ok=True)
     os.chmod(tmp / "tmp", 0o1777)
+    # debootstrap copies the build host's name in; each sandbox gets its own at boot instead.
+    (tmp / "etc/hostname").write_text("rollbox\n")
     subprocess.run(["rm", "-rf", str(tmp / "var/cache/apt/archives"), str(tmp / "var/lib/apt/lists")], check=False)
     tmp.rename(target)

@@ -13,8 +13,9 @@ Steps (the wire form the SDK sends):
     {"kind": "dir", "path": "/app", "tar": base64 of a tar of the directory's contents}
 
 Run steps see the host's CA bundle (for TLS-intercepting proxies) through SSL_CERT_FILE and
-friends, written to the sandbox's /tmp (a tmpfs, so it never lands in the layer). /etc/hosts
-and /etc/resolv.conf, which rollbox manages at run time, are not kept in a layer (as in Docker).
+friends, written to the sandbox's /tmp (a tmpfs, so it never lands in the layer). /etc/hosts,
+/etc/resolv.conf and /etc/hostname, which rollbox manages at run time, are not kept in a layer
+(as in Docker).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 SANDBOX_CA = "/tmp/.rollbox-build-ca.pem"
 STEP_TIMEOUT_S = 1800.0
 BUILD_MEMORY_MIB = 2048
-MANAGED_FILES = ("etc/hosts", "etc/resolv.conf")
+MANAGED_FILES = ("etc/hosts", "etc/resolv.conf", "etc/hostname")
 KINDS = ("run", "env", "workdir", "file", "dir")
 
 

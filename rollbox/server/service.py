@@ -146,6 +146,21 @@ def new_sandbox_id() -> str:
     return "sb-" + secrets.token_hex(12)
 
 
+def write_hostname(upper: Path, lowers: list[Path], name: str) -> None:
+    """Puts /etc/hostname (`name`) in a fresh sandbox's upper directory, its /etc keeping the
+    image's owner and mode (an upper directory's attributes win in the merged view). Skipped
+    when the image's /etc is not a directory."""
+    etc = next((p / "etc" for p in lowers if os.path.lexists(p / "etc")), None)
+    if etc is not None and (etc.is_symlink() or not etc.is_dir()):
+        return
+    (upper / "etc").mkdir(mode=0o755)
+    if etc is not None:
+        st = etc.stat()
+        os.chown(upper / "etc", st.st_uid, st.st_gid)
+        os.chmod(upper / "etc", st.st_mode & 0o7777)
+    (upper / "etc" / "hostname").write_text(name + "\n")
+
+
 def container_id(sandbox_id: str) -> str:
     return sandbox_id.removeprefix("sb-")
 
@@ -347,6 +362,9 @@ class SandboxService:
                 kf = upper / ".rollbox-key"
                 kf.write_bytes(key)
                 kf.chmod(0o600)
+                # /etc/hostname names the sandbox, as the kernel's host name does (Docker's
+                # convention); a restored copy's agent rewrites it with its own name.
+                write_hostname(upper, lowers, sandbox_id)
             (d / "agent.key").write_bytes(key)
             await asyncio.to_thread(mount_overlay, lowers, upper, layer / "work", d / "rootfs")
             agent_dir = agentdir.link_into(agent_src, d / "agent")

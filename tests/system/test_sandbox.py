@@ -86,6 +86,9 @@ def test_timeout_kills_whole_tree(sandbox) -> None:
 def test_isolation_between_sandboxes_and_image(make_sandbox) -> None:
     a = make_sandbox(memory=512)
     b = make_sandbox(memory=512)
+    # Each names itself (kernel and /etc/hostname), never the host that built the image.
+    assert a.exec("sh", "-c", "hostname; cat /etc/hostname; stat -c %a /etc").text().split() == \
+        [a.sandbox_id, a.sandbox_id, "755"]
     a.exec("sh", "-c", "echo secret > /etc/a-only && rm -f /etc/hostname")
     assert b.exec("test", "-e", "/etc/a-only").exit_code == 1
     assert b.exec("test", "-e", "/etc/hostname").exit_code == 0

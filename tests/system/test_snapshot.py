@@ -40,9 +40,11 @@ def test_fork_copies_are_independent(make_sandbox) -> None:
         assert len(kids) == 3
         idx, rnd = [], []
         for k in kids:
-            out = k.exec("sh", "-c", "echo $ROLLBOX_FORK_INDEX; python3 -c 'import os;print(os.urandom(16).hex())'").text().split()
+            out = k.exec("sh", "-c", "echo $ROLLBOX_FORK_INDEX; python3 -c 'import os;print(os.urandom(16).hex())'; "
+                         "hostname; cat /etc/hostname").text().split()
             idx.append(out[0])
             rnd.append(out[1])
+            assert out[2:] == [k.sandbox_id, k.sandbox_id]  # its own name, in the kernel and the file
             assert counter(k) == base + 1
         assert sorted(idx) == ["0", "1", "2"]
         assert len(set(rnd)) == 3

@@ -495,6 +495,12 @@ def op_identity(req):
             socket.sethostname(host)
         except OSError:
             pass
+        if os.path.isfile("/etc/hostname"):  # the copy's file still names its source
+            try:
+                with open("/etc/hostname", "w") as f:
+                    f.write(host + "\n")
+            except OSError:
+                pass
     return {}
 
 

@@ -658,6 +658,12 @@ pub fn op_identity(a: &Agent, req: &Value) -> OpResult {
     }
     if let Some(host) = opt_bytes(req, "hostname")? {
         unsafe { sys::sethostname(host.as_ptr() as *const _, host.len()) };
+        // The copy's /etc/hostname still names its source.
+        if fs::metadata("/etc/hostname").map(|m| m.is_file()).unwrap_or(false) {
+            let mut line = host.to_vec();
+            line.push(b'\n');
+            let _ = fs::write("/etc/hostname", line);
+        }
     }
     Ok(ObjBuilder::new())
 }
