@@ -117,20 +117,32 @@ def usage(by_tag: Optional[str] = typer.Option(None, "--by-tag", help="sum per v
           cpu_hour: float = typer.Option(0.0, help="price per reserved CPU-hour"),
           gib_hour: float = typer.Option(0.0, help="price per reserved GiB-hour of memory"),
           gpu_hour: float = typer.Option(0.0, help="price per GPU-hour"),
-          as_json: bool = typer.Option(False, "--json", help="one JSON object per line")) -> None:
-    """Per-second usage per sandbox (or per tag), with a cost estimate from your rates."""
-    from ..sdk.usage import Rates
+          as_json: bool = typer.Option(False, "--json", help="one JSON object per line"),
+          limit: Optional[int] = typer.Option(None, "--limit", min=0,
+                                              help="rows to show, newest last (0: all; default 50, all with --json)"),
+          ) -> None:
+    """Per-second usage per sandbox (or per tag), with a cost estimate from your rates, and a
+    TOTAL line over every row (shown or not)."""
+    from ..sdk.usage import SUMMED, Rates
     from ..sdk.usage import usage as _usage
     priced = any((cpu_hour, gib_hour, gpu_hour))
     rows = _usage(_client(), by_tag=by_tag, rates=Rates(cpu_hour, gib_hour, gpu_hour) if priced else None)
+    n = limit if limit is not None else (0 if as_json else 50)
+    shown = rows[-n:] if n else rows
     if as_json:
-        for r in rows:
+        for r in shown:
             print(json.dumps(r))
         return
     key = by_tag or "sandbox_id"
     print(f"{key:<28} {'run_s':>9} {'boot_s':>7} {'cpu_s':>8} {'peak_MiB':>9} {'cpu_s_resv':>10} {'GiB_s_resv':>10}"
           + ("       cost" if priced else ""))
-    for r in rows:
+    total: dict[str, object] = {key: f"TOTAL ({len(rows)} rows)", "peak_memory_bytes": max(
+        (r["peak_memory_bytes"] for r in rows), default=0), **{k: sum(r[k] for r in rows) for k in SUMMED}}
+    if priced:
+        total["cost"] = sum(r["cost"] for r in rows)
+    if len(shown) < len(rows):
+        print(f"... {len(rows) - len(shown)} earlier rows (--limit 0 shows all)")
+    for r in [*shown, total]:
         print(f"{str(r[key])[:28]:<28} {r['run_s']:>9.1f} {r['boot_s']:>7.2f} {r['cpu_seconds']:>8.2f} "
               f"{r['peak_memory_bytes'] / 2**20:>9.1f} {r['reserved_cpu_seconds']:>10.1f} {r['reserved_gib_seconds']:>10.1f}"
               + (f" {r['cost']:>10.4f}" if priced else ""))

@@ -107,7 +107,7 @@ def render(prev: MetricsSample | None, cur: MetricsSample) -> Group:
     activity.add_row(
         rate("rollbox_starts_total"), _ms(quantile(sb, 0.5)), _ms(quantile(sb, 0.99)),
         rate("rollbox_exec_seconds_count"), _ms(quantile(eb, 0.5)), _ms(quantile(eb, 0.99)),
-        f"{cur.total('rollbox_start_failures_total'):.0f}", f"{cur.total('rollbox_warm_acquires_total', result='hit'):.0f}",
+        rate("rollbox_start_failures_total"), rate("rollbox_warm_acquires_total", result="hit"),
         f"{cur.total('rollbox_admission_limit'):.0f}")
 
     pools = Table(title="warm pools", title_justify="left")
@@ -129,10 +129,17 @@ def run_top(fetch: Callable[[], str], interval_s: float = 1.0, once: bool = Fals
 
     console = Console()
     prev = MetricsSample.parse(fetch())
-    if once:
-        time.sleep(interval_s)
-        console.print(render(prev, MetricsSample.parse(fetch())))
-        return
+    if once or not console.is_terminal:
+        # Not a terminal (a pipe, a log): a frame per interval, appended, instead of a live
+        # redraw that would only be written at exit.
+        while True:
+            time.sleep(interval_s)
+            cur = MetricsSample.parse(fetch())
+            console.print(render(prev, cur))
+            if once:
+                return
+            console.file.flush()
+            prev = cur
     with Live(render(None, prev), console=console, refresh_per_second=4, screen=False) as live:
         while True:
             time.sleep(interval_s)

@@ -32,12 +32,14 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         svc = self.m.svc
-        by_state = GaugeMetricFamily("rollbox_sandboxes", "Sandboxes by state (and runtime while running)",
+        by_state = GaugeMetricFamily("rollbox_sandboxes", "Sandboxes by state (and runtime while running); "
+                                     "the states are disjoint: warm spares are not counted as running",
                                      labels=["state", "runtime"])
-        running: dict[str, int] = {}
-        for lv in svc.live.values():
-            running[lv.runtime] = running.get(lv.runtime, 0) + 1
         warm_ids = {sid for p in svc.warm.pools.values() for sid in p.spares}
+        running: dict[str, int] = {}
+        for sid, lv in svc.live.items():
+            if sid not in warm_ids:
+                running[lv.runtime] = running.get(lv.runtime, 0) + 1
         for runtime, n in sorted(running.items()):
             by_state.add_metric(["running", runtime], n)
         by_state.add_metric(["warm", "gvisor"], len(warm_ids))

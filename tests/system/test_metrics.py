@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 from rollbox.cli.top import MetricsSample
 from rollbox.sdk.sandbox import default_client
@@ -48,3 +49,11 @@ def test_top_once_renders() -> None:
                          capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
     assert "sandboxes" in out.stdout and "admission limit" in out.stdout
+    # Piped (not a terminal), the live view appends a frame per interval instead of printing
+    # nothing until it is stopped.
+    proc = subprocess.Popen([sys.executable, "-m", "rollbox", "top", "--interval", "0.2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
+    time.sleep(3)
+    proc.terminate()
+    out_text, _ = proc.communicate(timeout=30)
+    assert out_text.count("admission limit") >= 2, out_text[-2000:]

@@ -185,6 +185,13 @@ def test_snapshot_ttl_and_usage_ledger() -> None:
     rows = usage(by_tag="exp", rates=Rates(cpu_hour=3600.0))
     row = next(r for r in rows if r["exp"] == tag)
     assert row["sandboxes"] == 1 and row["cost"] == pytest.approx(row["reserved_cpu_seconds"])
+    # The CLI shows the newest rows and a total over all of them.
+    import sys
+    out = subprocess.run([sys.executable, "-m", "rollbox", "usage", "--limit", "1", "--by-tag", "exp"],
+                         capture_output=True, text=True, timeout=60)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and lines[-1].startswith(f"TOTAL ({len(rows)} rows)"), out.stdout + out.stderr
+    assert len(rows) == 1 or "earlier rows" in out.stdout
 
 
 def test_daemon_kill_during_200_episode_map(paths) -> None:

@@ -37,7 +37,7 @@ def test_metrics_text_parses_and_carries_state() -> None:
     m.exec_seconds.observe(0.004)
     m.warm_acquires.labels(result="hit").inc()
     s = MetricsSample.parse(m.render().decode())
-    assert s.total("rollbox_sandboxes", state="running", runtime="gvisor") == 2
+    assert s.total("rollbox_sandboxes", state="running", runtime="gvisor") == 0  # both are warm spares
     assert s.total("rollbox_sandboxes", state="running", runtime="runc") == 1
     assert s.total("rollbox_sandboxes", state="warm") == 2
     assert s.total("rollbox_sandboxes", state="paused") == 1
