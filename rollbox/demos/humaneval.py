@@ -128,7 +128,7 @@ def run_demo(*, concurrency: int = 4, limit: int | None = None, results_path: st
     print(f"HumanEval: {len(problems)} problems, {len(cands)} candidates "
           f"({len(cands) - len(problems)} adversarial); concurrency {concurrency}, warm pool {warm}", flush=True)
     snap, prep_s = prepare_snapshot(memory_mib)
-    print(f"warm sandbox prepared and snapshotted in {prep_s:.1f} s: {snap}", flush=True)
+    print(f"warm sandbox prepared and snapshotted in {prep_s:.1f} s: {snap} (deleted when the demo ends)", flush=True)
 
     results: list[EpisodeResult] = []
     t0 = time.monotonic()
