@@ -77,6 +77,11 @@ def new_image_id() -> str:
     return "im-" + secrets.token_hex(12)
 
 
+# How to repair an incomplete image: the same pull, import or build stores what is missing.
+INCOMPLETE_HINT = ("pull, import or build it again (that stores what is missing), or remove it "
+                   "(`rollbox image rm {image_id}`)")
+
+
 class ImageStore:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -87,10 +92,13 @@ class ImageStore:
         return self.root / image_id
 
     def exists(self, image_id: str) -> bool:
+        """True when the image and its own layers are on disk (so a pull, import or build that
+        finds a layer missing stores it again instead of returning the broken image)."""
         d = self._dir(image_id)
         if not (d / "meta.json").is_file():
             return False
-        return (d / "rootfs").is_dir() or bool(self.meta(image_id).layers)
+        keys = self.meta(image_id).layers
+        return all(self.has_layer(k) for k in keys) if keys else (d / "rootfs").is_dir()
 
     # ---- shared layers ---------------------------------------------------------------------
 
@@ -205,12 +213,21 @@ class ImageStore:
     def layers(self, image_id: str, *, check: bool = True) -> list[Path]:
         """The image's layer directories, top first (overlayfs `lowerdir` order).
 
-        Raises ImageNotFound for an unknown image, or with `check` one whose layer directory
-        is missing on disk; InvalidArgument past MAX_DEPTH layers."""
+        Raises ImageNotFound for an unknown image, or with `check` one that is incomplete on
+        disk (a layer directory or a parent image missing); InvalidArgument past MAX_DEPTH
+        layers. Without `check`, the chain simply ends at a missing parent (for listings)."""
         out: list[Path] = []
         cur: str | None = image_id
         while cur is not None:
-            m = self.meta(cur)
+            try:
+                m = self.meta(cur)
+            except ImageNotFound:
+                if cur == image_id:
+                    raise
+                if not check:
+                    break
+                raise ImageNotFound(f"image {image_id!r} is incomplete: its parent image {cur!r} is missing; "
+                                    f"{INCOMPLETE_HINT.format(image_id=image_id)}") from None
             if m.layers:
                 out.extend(self.layer_dir(k) for k in m.layers)
             else:
@@ -223,7 +240,7 @@ class ImageStore:
         for layer in out if check else ():
             if not layer.is_dir():
                 raise ImageNotFound(f"image {image_id!r} is incomplete: its layer directory {layer} is missing; "
-                                    f"remove it (`rollbox image rm {image_id}`) and pull or build it again")
+                                    f"{INCOMPLETE_HINT.format(image_id=image_id)}")
         return out
 
     def ensure_debian(self) -> str:

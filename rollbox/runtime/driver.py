@@ -37,7 +37,7 @@ async def run_command(argv: list[str], *, what: str, timeout: float) -> RunResul
     except asyncio.TimeoutError:
         proc.kill()
         await proc.wait()
-        raise errors.SandboxLost(f"`{what}` did not finish in {timeout:.0f} s") from None
+        raise errors.SandboxLost(f"`{what}` did not finish in {timeout:g} s") from None
     return RunResult(proc.returncode or 0, out, err)
 
 
@@ -58,7 +58,7 @@ async def spawn_detached(argv: list[str], *, stdin_fd: int, stdout_fd: int, log_
     except asyncio.TimeoutError:
         proc.kill()
         await proc.wait()
-        raise errors.SandboxLost(f"`{what}` did not finish in {timeout:.0f} s") from None
+        raise errors.SandboxLost(f"`{what}` did not finish in {timeout:g} s") from None
     tail = log_path.read_bytes()[-2000:] if log_path.exists() else b""
     return RunResult(rc, b"", tail)
 

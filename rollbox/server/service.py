@@ -331,6 +331,9 @@ class SandboxService:
             raise errors.ResourceExhausted(
                 f"less than {MIN_FREE_DISK >> 20} MiB free under {self.paths.home}: remove snapshots or images, or free disk")
         lowers = self.images.layers(image_id)  # raises ImageNotFound
+        # A resume reuses its container id: the watchdog must not remove the new cgroup as the
+        # pause's leftover.
+        self.cgroup_leftovers.discard(container_id(sandbox_id))
         platform = "" if runtime != "gvisor" else (
             (snapshot.platform or DEFAULT_PLATFORM) if snapshot is not None else self.runsc.platform)
         agent_src = self._agent_source(snapshot, platform)
@@ -421,7 +424,7 @@ class SandboxService:
             if isinstance(exc, errors.RollboxError):
                 raise
             if isinstance(exc, asyncio.TimeoutError):
-                raise errors.SandboxLost(f"sandbox {sandbox_id} did not answer within {BOOT_TIMEOUT_S:.0f} s "
+                raise errors.SandboxLost(f"sandbox {sandbox_id} did not answer within {BOOT_TIMEOUT_S:g} s "
                                          f"of starting; see `rollbox doctor`", sandbox_id=sandbox_id) from None
             raise
         cfg = self.images.meta(image_id).image_config

@@ -107,7 +107,9 @@ async def recover(svc: SandboxService) -> dict[str, int]:
     await asyncio.gather(*(svc.teardown_host(sid) for sid in stale))
     cleaned += len(stale)
     for cid in cgroups.leftover_ids(svc.cg) - live_cids:
-        cgroups.remove(cid, svc.cg)
+        if cgroups.remove(cid, svc.cg):
+            # Still busy (a process of the last daemon's sandbox still exiting): keep trying.
+            svc.cgroup_leftovers.add(cid)
     svc.images.remove_staging()  # no pull or build is in flight before the daemon serves
     for meta in svc.snapshots.list():
         if meta.internal:

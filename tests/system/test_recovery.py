@@ -72,3 +72,31 @@ def test_a_restarted_daemon_readopts_a_sandbox_as_it_was_started(paths) -> None:
     finally:
         sb.terminate()
     assert host_traces(paths, sb.sandbox_id) == []
+
+
+def test_a_cgroup_busy_across_a_restart_is_removed_once_free(paths) -> None:  # type: ignore[no-untyped-def]
+    """A sandbox's cgroup still busy at teardown (a process in it not yet gone) and then a
+    daemon restart: the new daemon keeps retrying it and removes it once it is free."""
+    from rollbox.client.transport import stop_daemon
+    from rollbox.runtime import cgroups
+    from rollbox.server.service import container_id
+
+    sb = Sandbox(memory=256).create()
+    cid = container_id(sb.sandbox_id)
+    mem = cgroups.CGROUP_ROOT / "memory" / paths.cgroup_parent / cid
+    holder = subprocess.Popen(["sleep", "600"])
+    try:
+        (mem / "cgroup.procs").write_text(str(holder.pid))
+        sb.terminate()
+        assert mem.is_dir()  # busy: the teardown could not remove it
+        stop_daemon(paths)
+        assert default_client().request("GET", "/health")["ok"]  # a new daemon, its recovery done
+        holder.kill()
+        holder.wait()
+        deadline = time.monotonic() + 15
+        while cgroups.controller_dirs(cid, paths.cgroup_parent) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert cgroups.controller_dirs(cid, paths.cgroup_parent) == []
+    finally:
+        holder.kill()
+        holder.wait()

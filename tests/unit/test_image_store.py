@@ -61,12 +61,30 @@ def test_missing_layer_directory_is_named(tmp_path):
     (tmp_path / "im-top" / "meta.json").write_text(json.dumps(
         {"image_id": "im-top", "parent": "im-base", "kind": "oci", "created_at": 1.0, "layers": ["sha256-gone"]}))
     st = ImageStore(tmp_path)
-    with pytest.raises(ImageNotFound, match="incomplete.*sha256-gone.*rollbox image rm im-top"):
+    with pytest.raises(ImageNotFound, match="incomplete.*sha256-gone.*pull, import or build it again.*rollbox image rm im-top"):
         st.layers("im-top")
+    # Not "present": a pull or import of the same image stores the missing layer again.
+    assert not st.exists("im-top")
+    (tmp_path / "_layers" / "sha256-gone").mkdir(parents=True)
+    assert st.exists("im-top")
+    (tmp_path / "_layers" / "sha256-gone").rmdir()
     assert len(st.layers("im-top", check=False)) == 2
     assert {s["image_id"] for s in st.sizes()} == {"im-base", "im-top"}
     st.delete("im-top")
     assert not (tmp_path / "im-top").exists()
+
+
+def test_missing_parent_is_named_and_listing_still_works(tmp_path):
+    make_image(tmp_path, "im-base", None, kind="debian")
+    make_image(tmp_path, "im-mid", "im-base")
+    make_image(tmp_path, "im-top", "im-mid")
+    import shutil
+    shutil.rmtree(tmp_path / "im-mid")
+    st = ImageStore(tmp_path)
+    with pytest.raises(ImageNotFound, match="'im-top' is incomplete: its parent image 'im-mid' is missing"):
+        st.layers("im-top")
+    assert st.layers("im-top", check=False) == [tmp_path / "im-top" / "rootfs"]
+    assert {s["image_id"] for s in st.sizes()} == {"im-base", "im-top"}
 
 
 @pytest.mark.parametrize("bad", ["a/b", "../etc", "/abs", "", ".hidden", ".."])
