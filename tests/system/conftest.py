@@ -91,6 +91,22 @@ def counter(sb: SandboxInstance) -> int:
     return int(r.text())
 
 
+def proc_cmdlines() -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, argv) of every process readable in /proc now."""
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                yield int(name), Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                pass
+
+
+def runsc_pids(home: Paths, roles: tuple[bytes, ...] = (b"runsc-sandbox", b"runsc-gofer")) -> list[int]:
+    """The runsc sandbox and gofer processes of one state directory's containers."""
+    root = str(home.runsc_root).encode()
+    return [pid for pid, argv in proc_cmdlines() if argv[0] in roles and any(root in a for a in argv)]
+
+
 def host_traces(paths: Paths, sandbox_id: str) -> list[str]:
     """Everything on the host that still belongs to one sandbox."""
     cid = sandbox_id.removeprefix("sb-")
@@ -105,11 +121,5 @@ def host_traces(paths: Paths, sandbox_id: str) -> list[str]:
         out.append("runsc state")
     if (paths.runc_root / cid).exists():
         out.append("runc state")
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                if cid.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    out.append(f"process {pid}")
-            except OSError:
-                pass
+    out += [f"process {pid}" for pid, argv in proc_cmdlines() if any(cid.encode() in a for a in argv)]
     return out

@@ -15,21 +15,7 @@ from rollbox import Image, Sandbox, SandboxLost
 from rollbox.client.transport import Client, stop_daemon
 from rollbox.config import Paths
 from rollbox.runtime import cgroups
-from tests.system.conftest import side_home
-
-
-def _runsc_pids(home: Paths) -> list[int]:
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
-            except OSError:
-                continue
-            if argv[0] in (b"runsc-sandbox", b"runsc-gofer") and any(str(home.runsc_root).encode() in a for a in argv):
-                out.append(int(name))
-    return out
+from tests.system.conftest import runsc_pids, side_home
 
 
 def test_a_start_past_its_timeout_leaves_no_processes(paths: Paths, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,12 +30,10 @@ def test_a_start_past_its_timeout_leaves_no_processes(paths: Paths, monkeypatch:
     def stop_the_sandbox() -> None:
         deadline = time.monotonic() + 20
         while not stopped and time.monotonic() < deadline:
-            for pid in _runsc_pids(p):
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if f.read().startswith(b"runsc-sandbox"):
-                        os.kill(pid, signal.SIGSTOP)
-                        stopped.append(pid)
-                        return
+            for pid in runsc_pids(p, roles=(b"runsc-sandbox",)):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+                return
             time.sleep(0.002)
 
     th = threading.Thread(target=stop_the_sandbox)
@@ -60,10 +44,10 @@ def test_a_start_past_its_timeout_leaves_no_processes(paths: Paths, monkeypatch:
         th.join()
         assert stopped, "the sandbox process never appeared"
         time.sleep(0.5)
-        assert _runsc_pids(p) == []
+        assert runsc_pids(p) == []
         assert os.listdir(p.sandboxes) == []
         assert not cgroups.leftover_ids(p.cgroup_parent)
     finally:
-        for pid in _runsc_pids(p):
+        for pid in runsc_pids(p):
             os.kill(pid, signal.SIGKILL)
         stop_daemon(p)
