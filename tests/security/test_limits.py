@@ -11,12 +11,14 @@ import pytest
 import rollbox
 from rollbox.sdk.sandbox import default_client
 
-WORK = "python3 -c 'import time; t=time.perf_counter(); sum(i*i for i in range(1_500_000)); print(time.perf_counter()-t)'"
+# ~0.25 s of CPU: long enough that scheduler and VM-steal jitter of a few tens of ms (seen
+# failing a 0.08 s episode) stay well inside the bound.
+WORK = "python3 -c 'import time; t=time.perf_counter(); sum(i*i for i in range(4_500_000)); print(time.perf_counter()-t)'"
 HOG = "for i in 1 2 3 4; do (while :; do :; done) & done; sleep 600"
 
 
 def _episode_s(sb) -> float:  # type: ignore[no-untyped-def]
-    return statistics.median(float(sb.exec("sh", "-c", WORK, timeout=120).stdout) for _ in range(3))
+    return statistics.median(float(sb.exec("sh", "-c", WORK, timeout=120).stdout) for _ in range(5))
 
 
 def test_cpu_hog_leaves_neighbour_within_1_5x(make_sandbox) -> None:  # type: ignore[no-untyped-def]
