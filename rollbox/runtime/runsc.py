@@ -30,32 +30,24 @@ NETNS_WRAPPER = ("unshare", "--mount", "--propagation", "private", "/bin/sh", "-
                  'mount -t tmpfs rollbox-netns /proc/sys/net && exec "$@"', "rollbox-runsc")
 
 
-def runsc_processes(container_id: str) -> list[tuple[int, str]]:
-    """(pid, "sandbox" | "gofer") of the runsc processes that serve one container, found by
-    their command lines (runsc names them runsc-sandbox / runsc-gofer)."""
-    out = []
-    needle = container_id.encode()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0] in (b"runsc-sandbox", b"runsc-gofer") and any(needle in a for a in argv):
-            out.append((int(name), argv[0].decode().removeprefix("runsc-")))
-    return out
-
-
-def _serves(pid: int, role: str, container_id: str) -> bool:
-    """True when `pid` is still runsc's `role` process of `container_id` (not a reused pid)."""
+def _runsc_role(pid: int | str, container_id: str) -> str | None:
+    """"sandbox" or "gofer" when `pid` is that runsc process of `container_id` (runsc names
+    them runsc-sandbox / runsc-gofer and passes the id on their command line), else None."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().split(b"\0")
     except OSError:
-        return False
-    return argv[0] == f"runsc-{role}".encode() and any(container_id.encode() in a for a in argv)
+        return None
+    if argv[0] in (b"runsc-sandbox", b"runsc-gofer") and any(container_id.encode() in a for a in argv):
+        return argv[0].decode().removeprefix("runsc-")
+    return None
+
+
+def runsc_processes(container_id: str) -> list[tuple[int, str]]:
+    """(pid, "sandbox" | "gofer") of the runsc processes that serve one container, found by
+    scanning every process's command line."""
+    found = ((int(name), _runsc_role(name, container_id)) for name in os.listdir("/proc") if name.isdigit())
+    return [(pid, role) for pid, role in found if role is not None]
 
 
 RunscResult = RunResult  # the name this module used before the driver protocol
@@ -163,7 +155,7 @@ class Runsc:
             listed = [(int(d["sandbox"]["pid"]), "sandbox"), (int(d["goferPid"]), "gofer")]
         except (OSError, ValueError, KeyError, TypeError):
             return runsc_processes(container_id)
-        found = [(pid, role) for pid, role in listed if pid > 0 and _serves(pid, role, container_id)]
+        found = [(pid, role) for pid, role in listed if pid > 0 and _runsc_role(pid, container_id) == role]
         return found or runsc_processes(container_id)
 
     def forget(self, container_id: str) -> None:

@@ -297,8 +297,9 @@ class VolumeStore:
             # CAP_MKNOD) is never opened for real; only a regular file is, via /proc/self/fd.
             ref = os.open(vp.leaf, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
             try:
-                if not stat.S_ISREG(os.fstat(ref).st_mode):
-                    if stat.S_ISLNK(os.fstat(ref).st_mode):
+                mode = os.fstat(ref).st_mode
+                if not stat.S_ISREG(mode):
+                    if stat.S_ISLNK(mode):
                         raise OSError(errno.ELOOP, "a symlink")
                     raise InvalidArgument(f"{vp.path!r} in volume {vp.volume!r} is not a regular file")
                 fd = os.open(f"/proc/self/fd/{ref}", os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
