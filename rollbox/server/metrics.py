@@ -1,6 +1,6 @@
 """Prometheus metrics of one daemon (`GET /metrics`, read live by `rollbox top`).
 
-Counters and histograms are updated where things happen (service._boot, exec, acquire); the
+Counters and histograms are updated where things happen (admission, exec, acquire); the
 gauges (sandboxes by state, warm pool depth, starts queued by admission control) are read from
 the service when scraped, so they can never drift from the truth. One registry per daemon:
 no process-global state (two services in one test process do not share numbers).

@@ -95,7 +95,7 @@ class WarmPools:
         sid = None
         while pool.spares:
             cand = pool.spares.popleft()
-            if cand in self.svc.live:
+            if self.svc.is_live(cand):
                 sid = cand
                 break
         self._refill(pool)
@@ -138,6 +138,4 @@ class WarmPools:
                 self._drain(pool)
             # A spare's own keep_warm must not expire it while its pool is in use.
             for sid in pool.spares:
-                lv = self.svc.live.get(sid)
-                if lv is not None:
-                    lv.last_active = now
+                self.svc.touch(sid, now)

@@ -12,7 +12,9 @@ from .. import errors
 from ..network.policy import NetworkSpec
 from ..runtime import cgroups
 from ..runtime.channel import AgentChannel
-from .service import Live, SandboxService, container_id
+from .registry import Live
+from .service import SandboxService
+from .validation import container_id
 from .store import LIVE_STATES
 
 log = logging.getLogger("rollbox.watchdog")
@@ -20,15 +22,9 @@ log = logging.getLogger("rollbox.watchdog")
 
 async def expire_idle(svc: SandboxService) -> list[str]:
     """Terminates sandboxes idle longer than their keep_warm_seconds (the leak backstop)."""
-    now = time.monotonic()
-    expired = [lv.sandbox_id for lv in svc.live.values()
-               if lv.keep_warm_seconds is not None and lv.keep_warm_seconds > 0 and lv.busy == 0
-               and now - lv.last_active > lv.keep_warm_seconds]
+    expired = svc.take_idle(time.monotonic())  # each disarmed: it expires once
     for sid in expired:
         log.info("sandbox %s idle past keep_warm_seconds; terminating", sid)
-        lv = svc.live.get(sid)
-        if lv is not None:
-            lv.keep_warm_seconds = None  # expire once
         svc.spawn(svc.terminate(sid, reason="keep_warm_expired"))
     return expired
 
@@ -90,10 +86,8 @@ async def recover(svc: SandboxService) -> dict[str, int]:
             lv.last_active = time.monotonic() - max(0.0, time.time() - row["last_active_at"])
             if row["net_slot"] is not None:
                 lv.net = NetworkSpec.from_wire(json.loads(row["network"] or "null"))
-                svc._slots[sid] = svc.net.slot(row["net_slot"])
                 keep_slots[row["net_slot"]] = lv.net.policy if lv.net else None
-            svc.live[sid] = lv
-            svc.watch(lv)
+            svc.adopt(lv, row["net_slot"])
             reattached += 1
         else:
             svc.store.update_sandbox(sid, state="terminated", ended_at=time.time(), exit_reason="lost")
@@ -109,7 +103,7 @@ async def recover(svc: SandboxService) -> dict[str, int]:
     for cid in cgroups.leftover_ids(svc.cg) - live_cids:
         if cgroups.remove(cid, svc.cg):
             # Still busy (a process of the last daemon's sandbox still exiting): keep trying.
-            svc.cgroup_leftovers.add(cid)
+            svc.note_cgroup_leftover(cid)
     svc.images.remove_staging()  # no pull or build is in flight before the daemon serves
     for meta in svc.snapshots.list():
         if meta.internal:
@@ -117,7 +111,7 @@ async def recover(svc: SandboxService) -> dict[str, int]:
     # Networks: keep the re-attached sandboxes' slots and rules, remove every other one, and
     # listen again for their exposed ports (on the same host ports when still free).
     net_cleaned = await svc.net.recover(keep_slots)  # type: ignore[arg-type]
-    for sid, slot in svc._slots.items():
+    for sid, slot in svc.network_slots().items():
         nrow = svc.store.get_row(sid)
         nlv = svc.live.get(sid)
         if nrow is None or nlv is None or nlv.net is None:
@@ -125,7 +119,7 @@ async def recover(svc: SandboxService) -> dict[str, int]:
         host_ports = {int(p): hp for p, hp in json.loads(nrow["host_ports"] or "{}").items()}
         for port in nlv.net.ports:
             await svc.net.ports.expose(sid, port, slot.uplink_ip, host_ports.get(port, 0))
-        svc.store.update_sandbox(sid, **svc._net_columns(sid, nlv.net))
+        svc.store.update_sandbox(sid, **svc.net_columns(sid, nlv.net))
     return {"reattached": reattached, "cleaned": cleaned, "network_slots_cleaned": net_cleaned}
 
 

@@ -219,9 +219,7 @@ def test_create_image_from_filesystem(make_sandbox) -> None:
 def test_busy_cgroup_is_retried_until_free() -> None:
     """A cgroup with a process still in it refuses rmdir (EBUSY); the watchdog's retry keeps it
     on its list and removes it once the process is gone."""
-    from types import SimpleNamespace
-
-    from rollbox.server.service import SandboxService
+    from rollbox.server.teardown import retry_cgroup_leftovers
 
     parent, cid = f"rollbox-busytest-{os.getpid()}", "c0ffee"
     d = cgroups.CGROUP_ROOT / "pids" / parent / cid
@@ -229,13 +227,13 @@ def test_busy_cgroup_is_retried_until_free() -> None:
     proc = subprocess.Popen(["sleep", "600"])
     try:
         (d / "cgroup.procs").write_text(str(proc.pid))
-        svc = SimpleNamespace(live={}, cgroup_leftovers={cid}, cg=parent)
-        SandboxService.retry_cgroup_leftovers(svc)  # type: ignore[arg-type]
-        assert d.is_dir() and svc.cgroup_leftovers == {cid}
+        leftovers = {cid}
+        retry_cgroup_leftovers(leftovers, [], parent)
+        assert d.is_dir() and leftovers == {cid}
         proc.kill()
         proc.wait()
-        SandboxService.retry_cgroup_leftovers(svc)  # type: ignore[arg-type]
-        assert not d.exists() and svc.cgroup_leftovers == set()
+        retry_cgroup_leftovers(leftovers, [], parent)
+        assert not d.exists() and leftovers == set()
     finally:
         proc.kill()
         proc.wait()

@@ -1,0 +1,118 @@
+"""Commands and files in a running sandbox, through its agent: exec (with the limits and
+out-of-memory reporting of each runtime) and the file operations."""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+from .. import errors
+from ..runtime import cgroups
+from ..runtime.channel import AgentError
+from .context import ServiceContext
+from .registry import Running
+from .teardown import DeathWatch
+from .validation import check_env, container_id
+
+# Output kept per stream of one exec, in bytes; the rest is counted and dropped (`truncated`).
+DEFAULT_MAX_OUTPUT = 8 * 1024 * 1024
+ARG_MAX = 1024 * 1024  # bytes of argv + env per exec (Linux's default ARG_MAX is 2 MiB)
+AGENT_ERRORS: dict[str, type[errors.RollboxError]] = {
+    "not_found": errors.FileNotFoundInSandbox,
+    "is_a_directory": errors.InvalidArgument,
+    "not_a_directory": errors.InvalidArgument,
+    "permission_denied": errors.InvalidArgument,
+    "invalid_argument": errors.InvalidArgument,
+}
+
+
+class ExecFiles:
+    def __init__(self, ctx: ServiceContext, deathwatch: DeathWatch, running: Running) -> None:
+        self.ctx = ctx
+        self.deathwatch = deathwatch
+        self.running = running
+
+    async def exec(self, sandbox_id: str, argv: list[str], *, env: dict[str, str] | None = None,
+                   cwd: str | None = None, stdin: str | None = None, timeout: float | None = None,
+                   max_output: int | None = None) -> dict[str, Any]:
+        """Runs `argv` in the sandbox; returns the wire form of ExecResult.
+
+        Raises:
+            InvalidArgument: bad argv, env, stdin (not base64) or timeout (seconds).
+        """
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise errors.InvalidArgument("exec needs a non-empty list of string arguments, e.g. exec('python3', '-c', 'print(1)')")
+        if any("\0" in a for a in argv):
+            raise errors.InvalidArgument("exec arguments cannot contain NUL bytes")
+        if not argv[0]:
+            raise errors.InvalidArgument("exec's command (its first argument) is empty")
+        if sum(len(a) for a in argv) + sum(len(k) + len(v) for k, v in (env or {}).items()) > ARG_MAX:
+            raise errors.InvalidArgument(f"exec arguments and environment exceed {ARG_MAX} bytes; pass large "
+                                         "data as stdin or a file (sb.fs.write_file)")
+        check_env(env or {})
+        if stdin is not None:
+            try:
+                base64.b64decode(stdin, validate=True)
+            except ValueError:
+                raise errors.InvalidArgument("stdin must be base64-encoded bytes") from None
+        if timeout is not None and timeout <= 0:
+            raise errors.InvalidArgument(f"timeout={timeout} must be a positive number of seconds, or None for no limit")
+        lv = await self.running(sandbox_id)
+        cg = self.ctx.cg
+        started = time.monotonic()
+        cid = container_id(sandbox_id)
+        # On runc the kernel's counters are per sandbox and cumulative: what this exec did is
+        # the difference (gVisor's own kernel reports its limits through the agent instead).
+        before = (cgroups.oom_kill_count(cid, cg), cgroups.pids_max_count(cid, cg)) \
+            if lv.runtime == "runc" else (0, 0)
+        lv.busy += 1
+        try:
+            reply = await self.deathwatch.request(
+                lv, "exec", None if timeout is None else timeout + 30.0, argv=argv, env=env or {}, cwd=cwd or lv.workdir,
+                user=lv.user,
+                stdin=stdin, timeout=timeout, max_output=DEFAULT_MAX_OUTPUT if max_output is None else max_output)
+        except errors.RollboxError:
+            # Running out of memory ends the whole sandbox: report it on the exec that did it.
+            if lv.exit_reason == "oom" or cgroups.oom_killed(container_id(sandbox_id), cg):
+                return {"exit_code": 137, "oom_killed": True, "stdout": "", "stderr": "", "timed_out": False,
+                        "truncated": False, "duration_s": time.monotonic() - started}
+            raise
+        finally:
+            lv.busy -= 1
+            lv.last_active = time.monotonic()
+            self.ctx.metrics.exec_seconds.observe(time.monotonic() - started)
+        # On runc the kernel OOM-kills the process, not the sandbox (gVisor's limit covers its
+        # kernel too): a SIGKILLed command during which the cgroup saw an OOM kill ran out of
+        # memory; a command the pids limit refused forks during is a fork bomb's.
+        if lv.runtime == "runc":
+            reply["oom_killed"] = (reply.get("exit_code") in (-9, 137) or reply.get("signal") == 9) \
+                and cgroups.oom_kill_count(cid, cg) > before[0]
+            reply["pids_limited"] = bool(reply.get("pids_limited")) or cgroups.pids_max_count(cid, cg) > before[1]
+        else:
+            reply["oom_killed"] = False
+        return reply
+
+    async def agent(self, sandbox_id: str, op: str, **fields: Any) -> dict[str, Any]:
+        """One agent operation; the agent's error kinds become the matching typed errors."""
+        lv = await self.running(sandbox_id)
+        try:
+            return await self.deathwatch.request(lv, op, 120.0, **fields)
+        except AgentError as e:
+            cls = AGENT_ERRORS.get(e.kind, errors.RollboxError)
+            raise cls(f"{op} in sandbox {sandbox_id}: {e.message}", sandbox_id=sandbox_id) from None
+
+    async def write_file(self, sandbox_id: str, path: str, data_b64: str, mode: int = 0o644) -> dict[str, Any]:
+        """Raises InvalidArgument for a relative path."""
+        if not path.startswith("/"):
+            raise errors.InvalidArgument(f"path {path!r} must be absolute, e.g. '/work/a.py'")
+        return await self.agent(sandbox_id, "write_file", path=path, data=data_b64, mode=mode)
+
+    async def read_file(self, sandbox_id: str, path: str) -> dict[str, Any]:
+        return await self.agent(sandbox_id, "read_file", path=path)
+
+    async def list_files(self, sandbox_id: str, path: str) -> dict[str, Any]:
+        return await self.agent(sandbox_id, "list_files", path=path)
+
+    async def remove_file(self, sandbox_id: str, path: str) -> dict[str, Any]:
+        return await self.agent(sandbox_id, "remove", path=path)
