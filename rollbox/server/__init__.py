@@ -1,1 +1,3 @@
-"""The daemon: HTTP API (app), sandbox lifecycle (service), SQLite state (store), watchdog."""
+"""The daemon: HTTP API (app), the sandbox service (service: a façade over registry, boot,
+create, checkpoints, execfiles, teardown, networking, usage, admission, artifacts), the
+lifecycle state machine (lifecycle), SQLite state (store), watchdog, warm pools, builder."""

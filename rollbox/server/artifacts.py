@@ -14,7 +14,7 @@ from ..images.debian import DEBIAN_IMAGE_ID
 from .builder import Builder
 from .context import ServiceContext
 from .registry import Running
-from .store import LIVE_STATES
+from .lifecycle import NOT_ENDED
 
 
 class Artifacts:
@@ -28,7 +28,7 @@ class Artifacts:
         """Deletes an image; refused (InvalidState) while a sandbox, snapshot or image uses it."""
         ctx = self.ctx
         ctx.images.meta(image_id)
-        users = [r["sandbox_id"] for r in ctx.store.list_rows((*LIVE_STATES, "paused")) if r["image_id"] == image_id]
+        users = [r["sandbox_id"] for r in ctx.store.list_rows(NOT_ENDED) if r["image_id"] == image_id]
         users += [m.snapshot_id for m in ctx.snapshots.list() if m.image_id == image_id]
         users += ctx.images.children(image_id)
         if users:
@@ -46,7 +46,7 @@ class Artifacts:
         if snaps:
             raise errors.InvalidState(f"volume {name!r} is mounted by snapshot(s) {', '.join(snaps[:5])}; "
                                       "delete those first (`rollbox snapshot rm`)")
-        for row in ctx.store.list_rows((*LIVE_STATES, "paused")):
+        for row in ctx.store.list_rows(NOT_ENDED):
             if any(v["name"] == name for v in json.loads(row["volumes"] or "[]")):
                 raise errors.InvalidState(f"volume {name!r} is mounted by sandbox {row['sandbox_id']}; "
                                           "terminate it first")

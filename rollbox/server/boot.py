@@ -26,6 +26,7 @@ from ..snapshots.store import SnapshotMeta
 from ..types import SandboxInfo
 from .admission import Admission
 from .context import ServiceContext
+from .lifecycle import SandboxState
 from .networking import Networking
 from .registry import Live, in_use
 from .teardown import DeathWatch, Teardown
@@ -217,11 +218,11 @@ class Booter:
         now = time.time()
         net_cols = self.networking.net_columns(sandbox_id, net)
         if resume:
-            ctx.store.update_sandbox(sandbox_id, state="running", paused_snapshot_id=None, **net_cols)
+            ctx.store.update_sandbox(sandbox_id, state=SandboxState.RUNNING, paused_snapshot_id=None, **net_cols)
             ctx.store.open_interval(sandbox_id, now, boot_s=ttfc_ms / 1000)
         else:
             ctx.store.insert_sandbox(
-                sandbox_id=sandbox_id, state="running", image_id=image_id, created_at=now, cpu=cpu,
+                sandbox_id=sandbox_id, state=SandboxState.RUNNING, image_id=image_id, created_at=now, cpu=cpu,
                 memory_mib=memory_mib, keep_warm_seconds=keep_warm_seconds,
                 snapshot_id=snapshot.snapshot_id if snapshot else None, fork_index=fork_index, ttfc_ms=ttfc_ms,
                 volumes=json.dumps(volumes), tags=json.dumps(tags or {}), runtime=runtime, **net_cols)

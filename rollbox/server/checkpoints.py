@@ -19,6 +19,7 @@ from ..snapshots.store import SnapshotMeta, new_snapshot_id
 from ..types import SandboxInfo
 from .boot import Booter
 from .context import ServiceContext
+from .lifecycle import SandboxState
 from .registry import Live
 from .teardown import DeathWatch, Teardown
 from .usage import Usage
@@ -51,8 +52,7 @@ class Checkpoints:
             if lock is not None and lock.locked():
                 async with lock:  # a pause/resume/terminate in progress: wait for its outcome
                     pass
-            row = self.ctx.store.get_row(sandbox_id)
-            if row is not None and row["state"] == "paused":
+            if self.ctx.store.state(sandbox_id) is SandboxState.PAUSED:
                 await self.resume(sandbox_id)
         return self.reg.lookup(sandbox_id)
 
@@ -113,7 +113,7 @@ class Checkpoints:
             return f"{self.reg.snapshot_users[snapshot_id]} restore(s) of it are in progress"
         if self.warm.in_use(snapshot_id):
             return "it has a warm pool (set its size to 0 first)"
-        for row in self.ctx.store.list_rows(("paused",)):
+        for row in self.ctx.store.list_rows((SandboxState.PAUSED,)):
             if row["paused_snapshot_id"] == snapshot_id:
                 return f"it holds the paused state of sandbox {row['sandbox_id']} (resume or terminate that first)"
         return None
@@ -195,7 +195,7 @@ class Checkpoints:
                 raise
             lv.channel.close("the sandbox was paused")
             self.usage.record(sandbox_id)
-            ctx.store.update_sandbox(sandbox_id, state="paused", paused_snapshot_id=sid)
+            ctx.store.update_sandbox(sandbox_id, state=SandboxState.PAUSED, paused_snapshot_id=sid)
             ctx.store.close_interval(sandbox_id, time.time())
             await self.teardown.teardown_host(sandbox_id)
             return sid
@@ -211,10 +211,11 @@ class Checkpoints:
             row = self.ctx.store.get_row(sandbox_id)
             if row is None:
                 raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found", sandbox_id=sandbox_id)
-            if row["state"] == "running" and sandbox_id in self.reg.live:
+            state = SandboxState.of(row["state"], sandbox_id)
+            if state is SandboxState.RUNNING and sandbox_id in self.reg.live:
                 return self.reg.info(sandbox_id)
-            if row["state"] != "paused":
-                raise errors.InvalidState(f"sandbox {sandbox_id} is {row['state']}, not paused; only a paused "
+            if state is not SandboxState.PAUSED:
+                raise errors.InvalidState(f"sandbox {sandbox_id} is {state.value}, not paused; only a paused "
                                           "sandbox can be resumed", sandbox_id=sandbox_id)
             snap_id = row["paused_snapshot_id"]
             meta = self.ctx.snapshots.meta(snap_id)

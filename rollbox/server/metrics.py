@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .lifecycle import SandboxState
+
 if TYPE_CHECKING:
     from .service import SandboxService
 
@@ -41,11 +43,11 @@ class _StateCollector(Collector):
             if sid not in warm_ids:
                 running[lv.runtime] = running.get(lv.runtime, 0) + 1
         for runtime, n in sorted(running.items()):
-            by_state.add_metric(["running", runtime], n)
+            by_state.add_metric([SandboxState.RUNNING.value, runtime], n)
         by_state.add_metric(["warm", "gvisor"], len(warm_ids))
-        by_state.add_metric(["starting", ""], self.m.starting)
+        by_state.add_metric(["starting", ""], self.m.starting)  # admitted starts, no row yet
         by_state.add_metric(["queued", ""], self.m.queued)
-        by_state.add_metric(["paused", "gvisor"], len(svc.store.list_rows(("paused",))))
+        by_state.add_metric([SandboxState.PAUSED.value, "gvisor"], len(svc.store.list_rows((SandboxState.PAUSED,))))
         yield by_state
         depth = GaugeMetricFamily("rollbox_warm_pool_ready", "Warm spares ready per snapshot", labels=["snapshot_id"])
         target = GaugeMetricFamily("rollbox_warm_pool_target", "Warm pool target size per snapshot",

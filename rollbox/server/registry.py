@@ -18,7 +18,8 @@ from ..network.netns import Slot
 from ..network.policy import NetworkSpec
 from ..runtime.channel import AgentChannel
 from ..types import SandboxInfo
-from .store import LIVE_STATES, Store
+from .lifecycle import NOT_ENDED
+from .store import Store
 
 
 @dataclass
@@ -142,7 +143,7 @@ class Registry:
         return self.store.sandbox_info(row)
 
     def list_sandboxes(self, all_states: bool = False) -> list[SandboxInfo]:
-        rows = self.store.list_rows(None if all_states else (*LIVE_STATES, "paused"))
+        rows = self.store.list_rows(None if all_states else NOT_ENDED)
         return [self.store.sandbox_info(r) for r in rows]
 
     def update_ttl(self, sandbox_id: str, keep_warm_seconds: float | None) -> SandboxInfo:

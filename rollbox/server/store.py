@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from ..types import SandboxInfo
+from .lifecycle import LIVE_STATES, SandboxState, check_transition
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
     sandbox_id TEXT PRIMARY KEY,
-    state TEXT NOT NULL,             -- running | terminating | terminated
+    state TEXT NOT NULL,             -- a lifecycle.SandboxState value
     image_id TEXT NOT NULL,
     created_at REAL NOT NULL,
     cpu REAL NOT NULL,
@@ -78,7 +79,7 @@ MIGRATIONS = [
     ("sandboxes", "runtime", "TEXT NOT NULL DEFAULT 'gvisor'"),
 ]
 
-LIVE_STATES = ("starting", "running", "terminating")
+__all__ = ["LIVE_STATES", "Store"]
 
 
 class Store:
@@ -98,6 +99,14 @@ class Store:
         self.db.close()
 
     def insert_sandbox(self, **row: Any) -> None:
+        """Inserts a sandbox row.
+
+        Raises:
+            IllegalTransition: `state` is not one a new sandbox may start in.
+        """
+        state = SandboxState.of(row["state"], row["sandbox_id"])
+        check_transition(row["sandbox_id"], None, state)
+        row["state"] = state.value
         row.setdefault("last_active_at", time.time())
         cols = ",".join(row)
         self.db.execute(f"INSERT INTO sandboxes ({cols}) VALUES ({','.join('?' * len(row))})", tuple(row.values()))
@@ -110,6 +119,16 @@ class Store:
                  (row.get("ttfc_ms") or 0) / 1000, row["created_at"], row.get("tags", "{}")))
 
     def update_sandbox(self, sandbox_id: str, **changes: Any) -> None:
+        """Changes columns of a sandbox's row; a `state` change must be one the lifecycle
+        table allows from the row's current state.
+
+        Raises:
+            IllegalTransition: the state change is not allowed (nothing is written).
+        """
+        if "state" in changes:
+            target = SandboxState.of(changes["state"], sandbox_id)
+            check_transition(sandbox_id, self.state(sandbox_id), target)
+            changes["state"] = target.value
         sets = ",".join(f"{k}=?" for k in changes)
         self.db.execute(f"UPDATE sandboxes SET {sets} WHERE sandbox_id=?", (*changes.values(), sandbox_id))
         if "ended_at" in changes:
@@ -140,6 +159,12 @@ class Store:
         row: sqlite3.Row | None = cur.fetchone()
         return row
 
+    def state(self, sandbox_id: str) -> SandboxState | None:
+        """The sandbox's lifecycle state, or None when it has no row."""
+        cur = self.db.execute("SELECT state FROM sandboxes WHERE sandbox_id=?", (sandbox_id,))
+        r = cur.fetchone()
+        return None if r is None else SandboxState.of(r[0], sandbox_id)
+
     def sandbox_info(self, row: sqlite3.Row) -> SandboxInfo:
         names = {f.name for f in fields(SandboxInfo)}
         d = {k: row[k] for k in row.keys() if k in names}
@@ -149,9 +174,10 @@ class Store:
         return SandboxInfo(**d)
 
     def list_rows(self, states: tuple[str, ...] | None = None) -> list[sqlite3.Row]:
+        """Rows in one of `states` (SandboxState or their string values), else every row."""
         if states:
             q = f"SELECT * FROM sandboxes WHERE state IN ({','.join('?' * len(states))}) ORDER BY created_at"
-            return list(self.db.execute(q, states))
+            return list(self.db.execute(q, tuple(str(st) for st in states)))
         return list(self.db.execute("SELECT * FROM sandboxes ORDER BY created_at"))
 
     def insert_snapshot(self, snapshot_id: str, source: str, image_id: str, internal: bool, kind: str = "memory",

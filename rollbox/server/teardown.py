@@ -24,7 +24,7 @@ from ..runtime.rootfs import remove_tree, unmount
 from ..types import SandboxInfo
 from .context import ServiceContext
 from .registry import Live, ended_error
-from .store import LIVE_STATES
+from .lifecycle import SandboxState
 from .usage import Usage
 from .validation import container_id
 
@@ -99,9 +99,11 @@ class Teardown:
             self.usage.record(sandbox_id)
         lv = self.reg.live.pop(sandbox_id, None)
         row = store.get_row(sandbox_id)
-        if row is not None and row["state"] == "paused":
-            store.update_sandbox(sandbox_id, state="terminated", ended_at=time.time(), exit_reason=reason,
-                                 paused_snapshot_id=None)
+        state = None if row is None else SandboxState.of(row["state"], sandbox_id)
+        if row is not None and state is SandboxState.PAUSED:
+            # Nothing of it is on the host: it ends at once; only its paused state is removed.
+            store.update_sandbox(sandbox_id, state=SandboxState.TERMINATED, ended_at=time.time(),
+                                 exit_reason=reason, paused_snapshot_id=None)
             if row["paused_snapshot_id"]:
                 await self.ctx.delete_snapshot_files(row["paused_snapshot_id"])
             return
@@ -109,14 +111,14 @@ class Teardown:
             reason = lv.exit_reason or reason
             lv.exit_reason = reason
             lv.channel.close(f"the sandbox was terminated ({reason})")
-        ending = row is not None and row["state"] in LIVE_STATES
-        if ending:
-            store.update_sandbox(sandbox_id, state="terminating", ended_at=time.time(), exit_reason=reason)
+        # A row already terminating (a teardown cut short) keeps its first end time and reason.
+        if state is not None and state is not SandboxState.TERMINATING and state.holds_host:
+            store.update_sandbox(sandbox_id, state=SandboxState.TERMINATING, ended_at=time.time(), exit_reason=reason)
         try:
             await self.teardown_host(sandbox_id)
         finally:
-            if ending:
-                store.update_sandbox(sandbox_id, state="terminated")
+            if state is not None and state.holds_host:
+                store.update_sandbox(sandbox_id, state=SandboxState.TERMINATED)
 
     async def teardown_host(self, sandbox_id: str, *, failed_start: bool = False) -> None:
         """Removes everything the sandbox holds on the host. failed_start: its run/restore did

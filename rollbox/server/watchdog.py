@@ -15,7 +15,7 @@ from ..runtime.channel import AgentChannel
 from .registry import Live
 from .service import SandboxService
 from .validation import container_id
-from .store import LIVE_STATES
+from .lifecycle import LIVE_STATES, SandboxState
 
 log = logging.getLogger("rollbox.watchdog")
 
@@ -41,24 +41,28 @@ async def expire_snapshots(svc: SandboxService) -> list[str]:
 
 
 async def recover(svc: SandboxService) -> dict[str, int]:
-    """After a daemon (re)start: re-attach live sandboxes, remove everything else."""
+    """After a daemon (re)start: re-attach live sandboxes, remove everything else.
+
+    Rows move by the lifecycle table (`lifecycle.TRANSITIONS`, checked by the store): a paused
+    sandbox whose snapshot is gone, a sandbox whose teardown was cut short, and one that did
+    not survive the restart all become terminated."""
     svc.reaper.start()
     reattached = cleaned = 0
     keep_slots: dict[int, object] = {}
     running = set(await svc.runsc.list_ids()) | set(await svc.runc.list_ids())
-    for row in svc.store.list_rows(("paused",)):
+    for row in svc.store.list_rows((SandboxState.PAUSED,)):
         try:
             svc.snapshots.meta(row["paused_snapshot_id"] or "sn-missing")
         except (errors.SnapshotNotFound, errors.InvalidArgument):
-            svc.store.update_sandbox(row["sandbox_id"], state="terminated", ended_at=time.time(),
+            svc.store.update_sandbox(row["sandbox_id"], state=SandboxState.TERMINATED, ended_at=time.time(),
                                       exit_reason="lost", paused_snapshot_id=None)
     for row in svc.store.list_rows(LIVE_STATES):
         sid = row["sandbox_id"]
         cid = container_id(sid)
         ok = False
-        if row["state"] == "terminating":
+        if SandboxState.of(row["state"], sid) is SandboxState.TERMINATING:
             await svc.teardown_host(sid)
-            svc.store.update_sandbox(sid, state="terminated")
+            svc.store.update_sandbox(sid, state=SandboxState.TERMINATED)
             cleaned += 1
             continue
         if cid in running:
@@ -90,7 +94,7 @@ async def recover(svc: SandboxService) -> dict[str, int]:
             svc.adopt(lv, row["net_slot"])
             reattached += 1
         else:
-            svc.store.update_sandbox(sid, state="terminated", ended_at=time.time(), exit_reason="lost")
+            svc.store.update_sandbox(sid, state=SandboxState.TERMINATED, ended_at=time.time(), exit_reason="lost")
             await svc.teardown_host(sid)
             cleaned += 1
     live_cids = {container_id(s) for s in svc.live}

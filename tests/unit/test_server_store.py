@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from rollbox.server.lifecycle import IllegalTransition
 from rollbox.server.store import Store
 from rollbox.types import SandboxInfo
 
@@ -55,7 +56,8 @@ def test_usage(store):
     t = time.time() - 100
     store.insert_sandbox(**row("sb-done", created_at=t))
     store.insert_sandbox(**row("sb-live", created_at=t + 50))
-    store.insert_sandbox(**row("sb-dead", state="terminated", created_at=t))  # never live: no usage row
+    with pytest.raises(IllegalTransition):  # a row is never born ended (and no usage row appears)
+        store.insert_sandbox(**row("sb-dead", state="terminated", created_at=t))
     store.update_sandbox("sb-done", state="terminated", ended_at=t + 10)
     # A second ended_at does not move the usage end.
     store.update_sandbox("sb-done", ended_at=t + 99)
