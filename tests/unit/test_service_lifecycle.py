@@ -263,3 +263,17 @@ def test_recovery_moves_rows_by_the_table(host: Host) -> None:
         assert not host.driver.containers and list(host.paths.sandboxes.iterdir()) == []
 
     asyncio.run(main())
+
+
+def test_terminate_finishes_a_teardown_cut_short(host: Host) -> None:
+    """A row left terminating (its teardown failed part-way) ends terminated on the next
+    terminate, keeping its first end time and reason (terminating -> terminating is no edge)."""
+    async def main() -> None:
+        svc = service(host)
+        sid = (await svc.create(image_id=IMAGE, cpu=1.0, memory_mib=256)).sandbox_id
+        host.store.update_sandbox(sid, state=S.TERMINATING, ended_at=123.0, exit_reason="first")
+        info = await svc.terminate(sid, reason="second")
+        assert (info.state, info.ended_at, info.exit_reason) == ("terminated", 123.0, "first")
+        assert not host.driver.containers and not svc.sandbox_dir(sid).exists()
+
+    asyncio.run(main())
