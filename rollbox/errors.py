@@ -8,7 +8,9 @@
     │   ├── SandboxNotFound
     │   ├── SnapshotNotFound
     │   ├── ImageNotFound
-    │   └── VolumeNotFound
+    │   ├── VolumeNotFound
+    │   ├── ContainerNotFound    (an episode container that ended or never existed)
+    │   └── EpisodePoolNotFound
     ├── InvalidState             (e.g. exec on a terminated sandbox)
     │   ├── UnsupportedOperation (the sandbox's runtime cannot do it, e.g. a runc memory snapshot)
     │   └── SandboxTerminated
@@ -73,6 +75,18 @@ class ImageNotFound(NotFound):
 
 class VolumeNotFound(NotFound):
     code = "volume_not_found"
+
+
+class ContainerNotFound(NotFound):
+    """An episode container (SandboxPool isolation="container") that ended or never existed."""
+
+    code = "container_not_found"
+
+
+class EpisodePoolNotFound(NotFound):
+    """An episode pool id the daemon does not know (closed, or made by another daemon)."""
+
+    code = "episode_pool_not_found"
 
 
 class FileNotFoundInSandbox(NotFound):
@@ -163,6 +177,7 @@ CODES: dict[str, type[RollboxError]] = {
         VolumeNotFound, FileNotFoundInSandbox, InvalidState, SandboxTerminated, SandboxLost, RuntimeMissing,
         ResourceExhausted, DaemonUnavailable, ApiError, ImagePullError, ImageCorrupt, UnsupportedImage,
         ImageBuildError, FunctionTimeout, ResourceUnavailable, Unauthorized, UnsupportedOperation,
+        ContainerNotFound, EpisodePoolNotFound,
     )
 }
 

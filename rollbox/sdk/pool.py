@@ -37,7 +37,13 @@ from .. import errors
 from ..client.transport import Client
 from ..distributed import resolve_backend
 from ..types import EpisodeResult
+from .containers import ContainerInstance, EpisodePoolClient
 from .sandbox import Sandbox, SandboxInstance, default_client
+
+# SandboxPool's isolation modes: "sandbox" = a fresh gVisor sandbox restored per episode (the
+# strongest: episodes share only the host kernel behind gVisor); "container" = a fresh
+# container per episode inside pooled gVisor sandboxes (episodes share a gVisor kernel).
+ISOLATIONS = ("sandbox", "container")
 
 
 def reward_of(value: Any) -> float | None:
@@ -68,6 +74,15 @@ class SandboxPool:
         backend: "local" (this machine's daemon) or "ray" (episodes scheduled over a Ray
             cluster, one daemon per node: rollbox.distributed); None: "ray" after
             `rollbox.init()`, else "local".
+        isolation: "sandbox" (default: each episode in a fresh gVisor sandbox restored from
+            the snapshot; episodes share nothing but the host kernel behind gVisor) or
+            "container" (each episode in a fresh container - own PID, mount, IPC, UTS and
+            network namespaces, a copy-on-write root, loopback only - inside a few pooled
+            sandboxes restored once; episodes of one pooled sandbox share its gVisor kernel;
+            several times the throughput). The snapshot's image needs python3 for containers.
+        episodes_per_sandbox: container mode: episodes a pooled sandbox serves before it is
+            replaced by a fresh restore (default 256); any oom, timeout or infrastructure
+            fault replaces it at once.
 
     Use as a context manager or call `close()`; closing waits for teardowns in flight.
     """
@@ -75,13 +90,20 @@ class SandboxPool:
     def __init__(self, snapshot_id: str, max_concurrency: int = 16, *, keep_warm_seconds: float | None = 600,
                  warm: int = 0, warm_idle_seconds: float = 300.0, client: Client | None = None,
                  fn: Callable[[SandboxInstance, Any], Any] | None = None, scale_down_after_s: float = 2.0,
-                 backend: str | None = None) -> None:
+                 backend: str | None = None, isolation: str = "sandbox",
+                 episodes_per_sandbox: int | None = None) -> None:
+        if isolation not in ISOLATIONS:
+            raise errors.InvalidArgument(f"isolation={isolation!r} must be one of {', '.join(ISOLATIONS)}")
         if not isinstance(snapshot_id, str) or not snapshot_id:
             raise errors.InvalidArgument(f"snapshot_id={snapshot_id!r} must be a snapshot id string ('sn-...')")
         if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
             raise errors.InvalidArgument(f"max_concurrency={max_concurrency!r} must be an int >= 1")
         self.snapshot_id = snapshot_id
         self.max_concurrency = max_concurrency
+        self.isolation = isolation
+        self.episodes_per_sandbox = episodes_per_sandbox
+        self._containers: EpisodePoolClient | None = None
+        self._containers_lock = threading.Lock()
         self.keep_warm_seconds = keep_warm_seconds
         self._client = client or default_client()
         self._reaper = cf.ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="rollbox-teardown")
@@ -111,8 +133,19 @@ class SandboxPool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _container_pool(self) -> EpisodePoolClient:
+        with self._containers_lock:
+            if self._containers is None:
+                self._containers = EpisodePoolClient(
+                    self._client, self.snapshot_id, max_concurrency=self.max_concurrency,
+                    episodes_per_sandbox=self.episodes_per_sandbox, keep_warm_seconds=self.keep_warm_seconds,
+                    tags={"rollbox.pool": self.pool_id})
+            return self._containers
+
     def start_warm(self) -> None:
         """Asks the daemon to keep `warm` sandboxes restored (done by `map` on first use)."""
+        if self.isolation == "container":
+            return  # pooled sandboxes are restored once each, on demand
         if self.warm and not self._warm_set:
             self._client.request("PUT", f"/snapshots/{self.snapshot_id}/warm",
                                  json={"count": self.warm, "idle_seconds": self.warm_idle_seconds})
@@ -139,6 +172,9 @@ class SandboxPool:
         if self._remote is not None:
             self._remote.close()
             return
+        if self._containers is not None:
+            self._containers.close()
+            self._containers = None
         if self._warm_set:
             try:
                 self._client.request("PUT", f"/snapshots/{self.snapshot_id}/warm", json={"count": 0})
@@ -147,10 +183,14 @@ class SandboxPool:
             self._warm_set = False
         self._terminate_live()
 
-    def _terminate_later(self, sb: SandboxInstance) -> None:
+    def _terminate_later(self, sb: SandboxInstance, status: str = "ok") -> None:
         def go() -> None:
             try:
-                sb.terminate()
+                if isinstance(sb, ContainerInstance):
+                    sb.terminated = True
+                    sb._pool.end(sb.container_id, status)
+                else:
+                    sb.terminate()
             except errors.RollboxError:
                 pass
             finally:
@@ -163,11 +203,14 @@ class SandboxPool:
         self._slots.acquire()
         t0 = time.monotonic()
         try:
-            sb = Sandbox(keep_warm_seconds=self.keep_warm_seconds, client=self._client,
-                         tags={"rollbox.pool": self.pool_id}).create_from_memory_snapshot(self.snapshot_id)
+            if self.isolation == "container":
+                sb = self._container_pool().begin()
+            else:
+                sb = Sandbox(keep_warm_seconds=self.keep_warm_seconds, client=self._client,
+                             tags={"rollbox.pool": self.pool_id}).create_from_memory_snapshot(self.snapshot_id)
         except errors.RollboxError as e:
             self._slots.release()
-            if isinstance(e, (errors.SnapshotNotFound, errors.InvalidArgument)):
+            if isinstance(e, (errors.SnapshotNotFound, errors.InvalidArgument, errors.UnsupportedOperation)):
                 raise
             return "infra_error", None, f"{type(e).__name__}: {e}", None, None, True
         except BaseException:
@@ -187,24 +230,32 @@ class SandboxPool:
 
         threading.Thread(target=run, daemon=True, name=f"episode-{sb.sandbox_id}").start()
         finished = done.wait(timeout)
+        outcome: tuple[str, Any, str | None, SandboxInstance | None, float | None, bool] = (
+            "infra_error", None, "episode did not finish", sb, ttfc_ms, True)
         try:
-            if not finished:
-                return "timeout", None, f"episode ran past {timeout} s", sb, ttfc_ms, False
-            if sb.saw_oom:
-                return "oom", None, "the sandbox ran out of memory", sb, ttfc_ms, False
-            exc = box.get("exc")
-            if exc is not None:
-                if isinstance(exc, errors.RollboxError) and exc.retryable:
-                    return "infra_error", None, f"{type(exc).__name__}: {exc}", sb, ttfc_ms, True
-                if sb.saw_timeout:
-                    return "timeout", None, "a command timed out", sb, ttfc_ms, False
-                return "error", None, f"{type(exc).__name__}: {exc}", sb, ttfc_ms, False
-            if sb.saw_timeout:
-                return "timeout", box.get("value"), "a command timed out", sb, ttfc_ms, False
-            return "ok", box.get("value"), None, sb, ttfc_ms, False
+            outcome = self._classify(sb, box, finished, timeout, ttfc_ms)
+            return outcome
         finally:
             # Terminating also ends a runaway episode: its pending calls fail and it returns.
-            self._terminate_later(sb)
+            self._terminate_later(sb, outcome[0])
+
+    @staticmethod
+    def _classify(sb: SandboxInstance, box: dict[str, Any], finished: bool, timeout: float | None,
+                  ttfc_ms: float) -> tuple[str, Any, str | None, SandboxInstance | None, float | None, bool]:
+        if not finished:
+            return "timeout", None, f"episode ran past {timeout} s", sb, ttfc_ms, False
+        if sb.saw_oom:
+            return "oom", None, "the sandbox ran out of memory", sb, ttfc_ms, False
+        exc = box.get("exc")
+        if exc is not None:
+            if isinstance(exc, errors.RollboxError) and exc.retryable:
+                return "infra_error", None, f"{type(exc).__name__}: {exc}", sb, ttfc_ms, True
+            if sb.saw_timeout:
+                return "timeout", None, "a command timed out", sb, ttfc_ms, False
+            return "error", None, f"{type(exc).__name__}: {exc}", sb, ttfc_ms, False
+        if sb.saw_timeout:
+            return "timeout", box.get("value"), "a command timed out", sb, ttfc_ms, False
+        return "ok", box.get("value"), None, sb, ttfc_ms, False
 
     def _episode(self, index: int, fn: Callable[[SandboxInstance, Any], Any], task: Any,
                  timeout: float | None, retries: int) -> EpisodeResult:

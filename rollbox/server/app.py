@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse as _StarletteJSON, Response
 from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
 from .. import __version__, errors
+from .episode_routes import add_episode_routes
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .service import SandboxService
 
@@ -171,6 +172,7 @@ def create_app(service: SandboxService) -> FastAPI:
         return JSONResponse(status_code=exc.status, content=exc.to_wire())
 
     app.add_middleware(TypedServerErrors)
+    add_episode_routes(app, service, ExecRequest, WriteFile, PathRequest)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

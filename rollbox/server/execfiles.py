@@ -24,7 +24,15 @@ AGENT_ERRORS: dict[str, type[errors.RollboxError]] = {
     "not_a_directory": errors.InvalidArgument,
     "permission_denied": errors.InvalidArgument,
     "invalid_argument": errors.InvalidArgument,
+    "container_not_found": errors.ContainerNotFound,
+    "container_error": errors.SandboxLost,
 }
+
+
+def container_op(op: str, container: str | None) -> tuple[str, dict[str, str]]:
+    """The agent op and extra fields of `op` sent to the sandbox itself (container None) or to
+    one of its episode containers (server/episodes.py)."""
+    return (op, {}) if container is None else (f"container_{op}", {"cid": container})
 
 
 class ExecFiles:
@@ -35,8 +43,9 @@ class ExecFiles:
 
     async def exec(self, sandbox_id: str, argv: list[str], *, env: dict[str, str] | None = None,
                    cwd: str | None = None, stdin: str | None = None, timeout: float | None = None,
-                   max_output: int | None = None) -> dict[str, Any]:
-        """Runs `argv` in the sandbox; returns the wire form of ExecResult.
+                   max_output: int | None = None, container: str | None = None) -> dict[str, Any]:
+        """Runs `argv` in the sandbox (or in its episode container `container`); returns the
+        wire form of ExecResult.
 
         Raises:
             InvalidArgument: bad argv, env, stdin (not base64) or timeout (seconds).
@@ -68,15 +77,18 @@ class ExecFiles:
             if lv.runtime == "runc" else (0, 0)
         lv.busy += 1
         try:
+            wire_op, extra = container_op("exec", container)
             reply = await self.deathwatch.request(
-                lv, "exec", None if timeout is None else timeout + 30.0, argv=argv, env=env or {}, cwd=cwd or lv.workdir,
+                lv, wire_op, None if timeout is None else timeout + 30.0, **extra, argv=argv, env=env or {}, cwd=cwd or lv.workdir,
                 user=lv.user,
                 stdin=stdin, timeout=timeout, max_output=DEFAULT_MAX_OUTPUT if max_output is None else max_output)
-        except errors.RollboxError:
+        except errors.RollboxError as e:
             # Running out of memory ends the whole sandbox: report it on the exec that did it.
             if lv.exit_reason == "oom" or cgroups.oom_killed(container_id(sandbox_id), cg):
                 return {"exit_code": 137, "oom_killed": True, "stdout": "", "stderr": "", "timed_out": False,
                         "truncated": False, "duration_s": time.monotonic() - started}
+            if isinstance(e, AgentError) and e.kind in AGENT_ERRORS:
+                raise AGENT_ERRORS[e.kind](f"exec in sandbox {sandbox_id}: {e.message}", sandbox_id=sandbox_id) from None
             raise
         finally:
             lv.busy -= 1
@@ -93,26 +105,34 @@ class ExecFiles:
             reply["oom_killed"] = False
         return reply
 
-    async def agent(self, sandbox_id: str, op: str, **fields: Any) -> dict[str, Any]:
-        """One agent operation; the agent's error kinds become the matching typed errors."""
+    async def agent(self, sandbox_id: str, op: str, container: str | None = None, **fields: Any) -> dict[str, Any]:
+        """One agent operation (in episode container `container` when given); the agent's error
+        kinds become the matching typed errors."""
         lv = await self.running(sandbox_id)
         try:
-            return await self.deathwatch.request(lv, op, 120.0, **fields)
+            wire_op, extra = container_op(op, container)
+            return await self.deathwatch.request(lv, wire_op, 120.0, **extra, **fields)
         except AgentError as e:
             cls = AGENT_ERRORS.get(e.kind, errors.RollboxError)
             raise cls(f"{op} in sandbox {sandbox_id}: {e.message}", sandbox_id=sandbox_id) from None
 
-    async def write_file(self, sandbox_id: str, path: str, data_b64: str, mode: int = 0o644) -> dict[str, Any]:
+    async def write_file(self, sandbox_id: str, path: str, data_b64: str, mode: int = 0o644,
+                         container: str | None = None) -> dict[str, Any]:
         """Raises InvalidArgument for a relative path."""
         if not path.startswith("/"):
             raise errors.InvalidArgument(f"path {path!r} must be absolute, e.g. '/work/a.py'")
-        return await self.agent(sandbox_id, "write_file", path=path, data=data_b64, mode=mode)
+        return await self.agent(sandbox_id, "write_file", container, path=path, data=data_b64, mode=mode)
 
-    async def read_file(self, sandbox_id: str, path: str) -> dict[str, Any]:
-        return await self.agent(sandbox_id, "read_file", path=path)
+    async def read_file(self, sandbox_id: str, path: str, container: str | None = None) -> dict[str, Any]:
+        return await self.agent(sandbox_id, "read_file", container, path=path)
 
-    async def list_files(self, sandbox_id: str, path: str) -> dict[str, Any]:
-        return await self.agent(sandbox_id, "list_files", path=path)
+    async def list_files(self, sandbox_id: str, path: str, container: str | None = None) -> dict[str, Any]:
+        return await self.agent(sandbox_id, "list_files", container, path=path)
 
-    async def remove_file(self, sandbox_id: str, path: str) -> dict[str, Any]:
-        return await self.agent(sandbox_id, "remove", path=path)
+    async def remove_file(self, sandbox_id: str, path: str, container: str | None = None) -> dict[str, Any]:
+        return await self.agent(sandbox_id, "remove", container, path=path)
+
+    async def agent_request(self, sandbox_id: str, op: str, wait_s: float | None, **fields: Any) -> dict[str, Any]:
+        """One raw agent request on a running sandbox (episode pools use it). Raises AgentError
+        for the agent's error replies, SandboxLost/SandboxTerminated as the death watch does."""
+        return await self.deathwatch.request(await self.running(sandbox_id), op, wait_s, **fields)

@@ -97,6 +97,11 @@ _pool = Workers(0)  # replaced with a reserve of threads by main()
 
 
 _key = {"key": b""}
+# Where replies go: the daemon's channel (stdout), or an episode container's socket (zygote.py).
+_out_fd = 1
+# op_exec's process starter: None is subprocess.Popen; zygote.py installs its warm-Python
+# launcher in episode containers (returns None for commands it does not take).
+_launcher = None
 MAX_FRAME = 1024 * 1024 * 1024
 # An exec whose tree holds this many processes when it is killed ran into RLIMIT_NPROC (which
 # counts every task of the sandbox, threads included; a bomb's tree, seen while it churns, was
@@ -135,12 +140,12 @@ def send(msg):
         view = memoryview(frame)
         while view:
             try:
-                n = os.write(1, view)
+                n = os.write(_out_fd, view)
             except BrokenPipeError:
                 # The daemon is gone (restarting); drop the reply, it re-asks.
                 return
             except BlockingIOError:
-                select.select([], [1], [], 1.0)
+                select.select([], [_out_fd], [], 1.0)
                 continue
             view = view[n:]
 
@@ -296,8 +301,9 @@ def op_exec(req):
     start = time.monotonic()
     try:
         with _children_lock:
+            proc = _launcher(argv, env, cwd, stdin_data is not None, req.get("user")) if _launcher else None
             # Popen uses vfork here (no preexec_fn): far cheaper under gVisor than fork().
-            proc = subprocess.Popen(
+            proc = proc or subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 cwd=cwd, env=env, start_new_session=True, restore_signals=True, **_user_kwargs(req.get("user")),
             )
@@ -557,32 +563,28 @@ def load_key():
         pass
 
 
-def main():
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    # As PID 1 we should not die of a stray signal from a process in the sandbox.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
-                signal.SIGALRM):
-        signal.signal(sig, _ignore)
-    try:
-        libc = ctypes.CDLL(None)
-        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE=0: no /proc/1/mem, no ptrace
-        # The agent keeps CAP_SYS_ADMIN (to set a restored copy's host name) but drops it from
-        # the bounding set, so no command it starts ever has it.
-        if os.environ.pop("ROLLBOX_PRIVILEGED", "") != "1":
-            libc.prctl(24, 21, 0, 0, 0)  # PR_CAPBSET_DROP, CAP_SYS_ADMIN
-    except (OSError, AttributeError):
-        pass
-    load_key()
+def start_workers():
+    """The worker threads and the reaper: started by main(), or by a container's init after
+    the zygote's fork (threads do not survive fork)."""
     global _pool
     _pool = Workers(4)
     threading.Thread(target=reaper, daemon=True).start()
-    send({"id": 0, "ok": True, "event": "ready", "pid": os.getpid(), "protocol": PROTOCOL})
+
+
+def serve(fd, strip_prefix=None, relay=None):
+    """Reads signed request frames from `fd` forever and runs each on a worker.
+
+    strip_prefix: in an episode container, requests arrive as `container_<op>`: run <op>.
+    relay: in the sandbox's init, a callable taking the raw frame of a `container_*` request
+    (zygote.py serves those)."""
     while True:
         try:
-            hdr = read_exact(0, 4)
+            hdr = read_exact(fd, 4)
         except OSError:
             hdr = None
         if hdr is None:
+            if strip_prefix:
+                return  # a container's channel closed: the zygote destroyed it
             # The daemon closed its end (restarting): wait for it to come back.
             time.sleep(0.1)
             continue
@@ -591,7 +593,7 @@ def main():
             # Garbage written into our stdin from inside the sandbox: the stream cannot be
             # resynchronised. Ending makes the daemon report the sandbox as ended by its workload.
             os._exit(3)
-        frame = read_exact(0, n)
+        frame = read_exact(fd, n)
         if frame is None or len(frame) < 32:
             continue
         mac, body = frame[:32], frame[32:]
@@ -605,7 +607,120 @@ def main():
                 raise ValueError("not a request")
         except ValueError:
             continue
+        op = req["op"]
+        if isinstance(op, str) and op.startswith("container_"):
+            if strip_prefix:
+                req["op"] = op[len(strip_prefix):]
+            elif relay is not None:
+                relay(hdr + frame, req)
+                continue
         _pool.submit(handle, req)
+
+
+def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # As PID 1 we should not die of a stray signal from a process in the sandbox.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+                signal.SIGALRM):
+        signal.signal(sig, _ignore)
+    load_key()
+    # Before CAP_SYS_ADMIN leaves the bounding set: the launcher of the episode-container
+    # zygote keeps it (containers need mount and clone namespaces); no command ever has it.
+    zygote = ZygoteLink()
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE=0: no /proc/1/mem, no ptrace
+        # The agent keeps CAP_SYS_ADMIN (to set a restored copy's host name) but drops it from
+        # the bounding set, so no command it starts ever has it.
+        if os.environ.pop("ROLLBOX_PRIVILEGED", "") != "1":
+            libc.prctl(24, 21, 0, 0, 0)  # PR_CAPBSET_DROP, CAP_SYS_ADMIN
+    except (OSError, AttributeError):
+        pass
+    start_workers()
+    send({"id": 0, "ok": True, "event": "ready", "pid": os.getpid(), "protocol": PROTOCOL})
+    serve(0, relay=zygote.relay)
+
+
+class ZygoteLink:
+    """The sandbox init's end of the episode-container zygote (zygote.py).
+
+    At start (still holding CAP_SYS_ADMIN) the init forks a launcher that waits on a pipe;
+    the first `container_*` request makes it exec `python3 zygote.py` with the sandbox key on
+    fd 3. Requests are relayed as their raw signed frames; the zygote's frames are copied to
+    the daemon by a thread. A launcher in a snapshot is restored with it, so every copy of a
+    snapshot can start its own zygote."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.started = False
+        self.dead = None
+        to_r, self.to_w = os.pipe()
+        self.from_r, from_w = os.pipe()
+        key_r, key_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(self.to_w)
+                os.close(self.from_r)
+                os.close(key_r)
+                go = os.read(to_r, 1)
+                if go != b"S":
+                    os._exit(0)
+                kr, kw = os.pipe()
+                os.write(kw, _key["key"])
+                os.close(kw)
+                for src, dst in ((to_r, 0), (from_w, 1), (kr, 3)):
+                    os.dup2(src, dst)
+                os.closerange(4, 65536)
+                here = os.path.dirname(os.path.abspath(__file__))
+                py = sys.executable or "/usr/bin/python3"
+                os.execv(py, [py, "-u", os.path.join(here, "zygote.py")])
+            finally:
+                os._exit(127)
+        os.close(to_r)
+        os.close(from_w)
+        os.close(key_r)
+        os.close(key_w)
+        for fd in (self.to_w, self.from_r):
+            os.set_inheritable(fd, False)
+
+    def relay(self, frame, req):
+        with self.lock:
+            if self.dead is None and not self.started:
+                self.started = True
+                try:
+                    os.write(self.to_w, b"S")
+                except OSError as e:
+                    self.dead = "the zygote launcher is gone: %s" % e
+                else:
+                    threading.Thread(target=self._copy_back, daemon=True).start()
+            if self.dead is None:
+                try:
+                    view = memoryview(frame)
+                    while view:
+                        view = view[os.write(self.to_w, view):]
+                    return
+                except OSError as e:
+                    self.dead = "the zygote is gone: %s" % e
+        send({"id": req.get("id"), "ok": False, "error": "container_unavailable", "message": self.dead})
+
+    def _copy_back(self):
+        while True:
+            hdr = read_exact(self.from_r, 4)
+            frame = read_exact(self.from_r, _HDR.unpack(hdr)[0]) if hdr else None
+            if frame is None:
+                with self.lock:
+                    self.dead = "the episode-container zygote ended (the image needs python3 >= 3.8)"
+                return
+            with _out_lock:
+                view = memoryview(hdr + frame)
+                while view:
+                    try:
+                        view = view[os.write(1, view):]
+                    except BlockingIOError:
+                        select.select([], [1], [], 1.0)
+                    except BrokenPipeError:
+                        break
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ mod ops;
 mod proc;
 mod sha256;
 mod sys;
+mod zygote;
 
 use std::collections::VecDeque;
 use std::ffi::c_int;
@@ -40,6 +41,8 @@ pub struct Agent {
     /// Set by `identity`: added to every later command's environment.
     pub identity: Mutex<Vec<(Vec<u8>, Vec<u8>)>>,
     pool: Pool,
+    /// The episode-container zygote's link (None: the launcher could not be forked).
+    pub zygote: Option<zygote::ZygoteLink>,
 }
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -96,23 +99,7 @@ impl Agent {
         frame.extend_from_slice(&((MAC_LEN + data.len()) as u32).to_be_bytes());
         frame.extend_from_slice(&mac);
         frame.extend_from_slice(&data);
-        let _guard = self.out.lock().unwrap();
-        let mut off = 0;
-        while off < frame.len() {
-            let n = unsafe { sys::write(1, frame[off..].as_ptr() as *const _, frame.len() - off) };
-            if n > 0 {
-                off += n as usize;
-                continue;
-            }
-            match sys::errno() {
-                sys::EINTR => {}
-                sys::EAGAIN => {
-                    let mut p = sys::PollFd { fd: 1, events: sys::POLLOUT, revents: 0 };
-                    unsafe { sys::poll(&mut p, 1, 1000) };
-                }
-                _ => return,
-            }
-        }
+        self.write_raw(&frame);
     }
 
     fn handle(&self, req: Value) {
@@ -146,6 +133,47 @@ impl Agent {
             }
         };
         self.send(&reply);
+    }
+}
+
+impl Agent {
+    /// A `container_*` request goes to the zygote unchanged; it signs its own replies.
+    fn relay_to_zygote(&'static self, raw: &[u8], rid: Value) {
+        let res = match &self.zygote {
+            Some(z) => z.relay(raw, |z| {
+                let agent: &'static Agent = self;
+                std::thread::Builder::new()
+                    .stack_size(256 << 10)
+                    .spawn(move || z.copy_back(|frame| agent.write_raw(frame)))
+                    .map(|_| ())
+                    .unwrap_or(());
+            }),
+            None => Err("the episode-container launcher could not be started".to_string()),
+        };
+        if let Err(why) = res {
+            self.send(&error_reply(rid, "container_unavailable", &why));
+        }
+    }
+
+    /// Writes an already signed frame (the zygote's) to stdout, whole.
+    fn write_raw(&self, frame: &[u8]) {
+        let _guard = self.out.lock().unwrap();
+        let mut off = 0;
+        while off < frame.len() {
+            let n = unsafe { sys::write(1, frame[off..].as_ptr() as *const _, frame.len() - off) };
+            if n > 0 {
+                off += n as usize;
+                continue;
+            }
+            match sys::errno() {
+                sys::EINTR => {}
+                sys::EAGAIN => {
+                    let mut p = sys::PollFd { fd: 1, events: sys::POLLOUT, revents: 0 };
+                    unsafe { sys::poll(&mut p, 1, 1000) };
+                }
+                _ => return,
+            }
+        }
     }
 }
 
@@ -214,6 +242,11 @@ fn main() {
         }
     }
     let privileged = std::env::var_os("ROLLBOX_PRIVILEGED").map(|v| v == "1").unwrap_or(false);
+    let key = load_key();
+    // Before CAP_SYS_ADMIN leaves the bounding set and before any thread exists: the launcher
+    // of the episode-container zygote keeps the capability (containers need mounts and new
+    // namespaces); no command ever gets it.
+    let zygote = zygote::ZygoteLink::start(&key);
     unsafe {
         sys::prctl(sys::PR_SET_DUMPABLE, 0, 0, 0, 0); // no /proc/1/mem, no ptrace
         // The agent keeps CAP_SYS_ADMIN (to set a restored copy's host name) but drops it from
@@ -226,7 +259,6 @@ fn main() {
         .filter(|(k, _)| k != "ROLLBOX_PRIVILEGED")
         .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
         .collect();
-    let key = load_key();
     let agent: &'static Agent = Box::leak(Box::new(Agent {
         hmac: sha256::Hmac::new(&key),
         out: Mutex::new(()),
@@ -234,6 +266,7 @@ fn main() {
         base_env,
         identity: Mutex::new(Vec::new()),
         pool: Pool { state: Mutex::new((VecDeque::new(), 0)), cv: Condvar::new() },
+        zygote,
     }));
     drop(key);
     std::thread::Builder::new().stack_size(64 << 10).spawn(move || agent.reaper.run()).expect("reaper thread");
@@ -267,7 +300,12 @@ fn main() {
             continue;
         }
         let Ok(req) = json::parse(body) else { continue };
-        if req.get("op").is_none() {
+        let Some(op) = req.get("op").and_then(|v| v.as_bytes()) else { continue };
+        if op.starts_with(b"container_") {
+            let mut raw = Vec::with_capacity(4 + n);
+            raw.extend_from_slice(&hdr);
+            raw.extend_from_slice(&frame);
+            agent.relay_to_zygote(&raw, req.get("id").cloned().unwrap_or(Value::Null));
             continue;
         }
         drop(frame);

@@ -1,0 +1,164 @@
+//! The sandbox init's end of the episode-container zygote (agent/zygote.py), as agent.py's
+//! `ZygoteLink`: at start, while the agent still holds CAP_SYS_ADMIN, it forks a launcher
+//! that waits on a pipe; the first `container_*` request makes it exec `python3 zygote.py`
+//! (which clones one container per episode and needs that capability), with the sandbox key
+//! on fd 3. Requests are relayed as their raw signed frames and the zygote's frames copied
+//! back to the daemon, so the zygote verifies and signs with the same key as the agent.
+
+use std::ffi::{c_int, CString};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Mutex;
+
+use crate::sys;
+
+pub struct ZygoteLink {
+    to_w: c_int,
+    from_r: c_int,
+    /// None while usable; otherwise why container requests fail.
+    dead: Mutex<(bool, Option<String>)>, // (started, dead reason)
+}
+
+fn find_python() -> Option<CString> {
+    let path = std::env::var_os("PATH").map(|p| p.as_bytes().to_vec()).unwrap_or_else(|| b"/usr/bin:/bin".to_vec());
+    for dir in path.split(|&c| c == b':') {
+        for name in [&b"python3"[..]] {
+            let mut cand = dir.to_vec();
+            cand.push(b'/');
+            cand.extend_from_slice(name);
+            if std::fs::metadata(std::ffi::OsStr::from_bytes(&cand)).map(|m| m.is_file()).unwrap_or(false) {
+                return CString::new(cand).ok();
+            }
+        }
+    }
+    None
+}
+
+impl ZygoteLink {
+    /// Forks the launcher. Call before any thread exists and before CAP_SYS_ADMIN is dropped.
+    pub fn start(key: &[u8]) -> Option<ZygoteLink> {
+        let here = std::env::current_exe().ok()?.parent()?.join("zygote.py");
+        let script = CString::new(here.as_os_str().as_bytes()).ok()?;
+        let python = find_python();
+        let env: Vec<CString> = std::env::vars_os()
+            .filter(|(k, _)| k != "ROLLBOX_PRIVILEGED")
+            .filter_map(|(k, v)| {
+                let mut kv = k.as_bytes().to_vec();
+                kv.push(b'=');
+                kv.extend_from_slice(v.as_bytes());
+                CString::new(kv).ok()
+            })
+            .collect();
+        let (to_r, to_w) = sys::pipe().ok()?;
+        let (from_r, from_w) = sys::pipe().ok()?;
+        let pid = unsafe { sys::fork() };
+        if pid < 0 {
+            unsafe {
+                for fd in [to_r, to_w, from_r, from_w] {
+                    sys::close(fd);
+                }
+            }
+            return None;
+        }
+        if pid == 0 {
+            unsafe {
+                sys::close(to_w);
+                sys::close(from_r);
+                let mut go = [0u8; 1];
+                let n = sys::read(to_r, go.as_mut_ptr() as *mut _, 1);
+                if n != 1 || go[0] != b'S' {
+                    sys::_exit(0);
+                }
+                let Some(python) = python else { sys::_exit(127) };
+                let mut kp = [0 as c_int; 2];
+                if sys::pipe2(kp.as_mut_ptr(), 0) != 0 {
+                    sys::_exit(127);
+                }
+                sys::write(kp[1], key.as_ptr() as *const _, key.len());
+                sys::close(kp[1]);
+                sys::dup2(to_r, 0);
+                sys::dup2(from_w, 1);
+                sys::dup2(kp[0], 3);
+                for fd in 4..1024 {
+                    sys::close(fd);
+                }
+                let u = CString::new("-u").unwrap();
+                let argv = [python.as_ptr(), u.as_ptr(), script.as_ptr(), std::ptr::null()];
+                let mut envp: Vec<*const std::ffi::c_char> = env.iter().map(|c| c.as_ptr()).collect();
+                envp.push(std::ptr::null());
+                sys::execve(python.as_ptr(), argv.as_ptr(), envp.as_ptr());
+                sys::_exit(127);
+            }
+        }
+        unsafe {
+            sys::close(to_r);
+            sys::close(from_w);
+        }
+        Some(ZygoteLink { to_w, from_r, dead: Mutex::new((false, None)) })
+    }
+
+    /// Sends one raw request frame to the zygote, starting it first if need be. Err: why the
+    /// request cannot be served (the caller replies with a `container_unavailable` error).
+    pub fn relay(&'static self, frame: &[u8], on_start: impl FnOnce(&'static ZygoteLink)) -> Result<(), String> {
+        let mut st = self.dead.lock().unwrap();
+        if st.1.is_none() && !st.0 {
+            st.0 = true;
+            if write_all(self.to_w, b"S").is_err() {
+                st.1 = Some("the episode-container launcher is gone".into());
+            } else {
+                on_start(self);
+            }
+        }
+        if let Some(why) = &st.1 {
+            return Err(why.clone());
+        }
+        if let Err(e) = write_all(self.to_w, frame) {
+            st.1 = Some(format!("the episode-container zygote is gone: {}", e));
+            return Err(st.1.clone().unwrap());
+        }
+        Ok(())
+    }
+
+    /// Reads the zygote's frames until it ends, handing each whole frame to `out`.
+    pub fn copy_back(&self, out: impl Fn(&[u8])) {
+        loop {
+            let mut hdr = [0u8; 4];
+            if !read_all(self.from_r, &mut hdr) {
+                break;
+            }
+            let n = u32::from_be_bytes(hdr) as usize;
+            let mut frame = vec![0u8; 4 + n];
+            frame[..4].copy_from_slice(&hdr);
+            if !read_all(self.from_r, &mut frame[4..]) {
+                break;
+            }
+            out(&frame);
+        }
+        self.dead.lock().unwrap().1 =
+            Some("the episode-container zygote ended (container mode needs python3 >= 3.8 in the image)".into());
+    }
+}
+
+fn write_all(fd: c_int, mut buf: &[u8]) -> Result<(), String> {
+    while !buf.is_empty() {
+        let n = unsafe { sys::write(fd, buf.as_ptr() as *const _, buf.len()) };
+        if n > 0 {
+            buf = &buf[n as usize..];
+        } else if sys::errno() != sys::EINTR {
+            return Err(format!("errno {}", sys::errno()));
+        }
+    }
+    Ok(())
+}
+
+fn read_all(fd: c_int, buf: &mut [u8]) -> bool {
+    let mut off = 0;
+    while off < buf.len() {
+        let n = unsafe { sys::read(fd, buf[off..].as_mut_ptr() as *mut _, buf.len() - off) };
+        if n > 0 {
+            off += n as usize;
+        } else if n == 0 || sys::errno() != sys::EINTR {
+            return false;
+        }
+    }
+    true
+}

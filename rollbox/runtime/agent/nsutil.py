@@ -1,0 +1,148 @@
+"""Namespaces, mounts and capabilities for episode containers (zygote.py), through libc.
+
+Every number here is Linux's ABI (linux/sched.h, linux/mount.h, linux/capability.h,
+asm/unistd_64.h for x86-64); gVisor implements these calls in its own kernel (measured
+2026-12-01: clone with new PID/mount/IPC/UTS/net namespaces, overlay with lowerdir=/,
+pivot_root, and setns for mount/UTS/IPC/net work; setns of a PID namespace is EINVAL).
+"""
+
+import ctypes
+import os
+import socket
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x04000000, 0x08000000
+CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
+CONTAINER_FLAGS = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWNET
+SYS_CLONE, SYS_PIVOT_ROOT, SYS_CAPSET = 56, 155, 126
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 24, 38, 1, 4
+# Docker's default capability set (bundle.DEFAULT_CAPS), by number.
+DEFAULT_CAPS = (0, 1, 3, 4, 5, 6, 7, 8, 10, 13, 18, 27, 29, 31)
+LAST_CAP = 40
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+# Where the zygote (in a mount namespace of its own) mounts each container's filesystem.
+BASE = "/mnt"
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+
+
+def check(rc, what):
+    if rc < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, "%s: %s" % (what, os.strerror(e)))
+    return rc
+
+
+def mount(src, target, fstype, flags=0, data=None):
+    check(libc.mount(src.encode() if src else None, target.encode(), fstype.encode() if fstype else None,
+                     flags, data.encode() if data else None), "mount %s on %s" % (fstype or src, target))
+
+
+def umount(target):
+    libc.umount2(target.encode(), MNT_DETACH)
+
+
+def clone_container():
+    """fork() into new PID, mount, IPC, UTS and network namespaces: 0 in the child."""
+    import signal
+    pid = libc.syscall(SYS_CLONE, CONTAINER_FLAGS | signal.SIGCHLD, 0, 0, 0, 0)
+    return check(pid, "clone")
+
+
+def private_mounts():
+    """The zygote's own mount namespace, with a small tmpfs at BASE for container roots."""
+    check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mount("rollbox-containers", BASE, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0700")
+
+
+def make_filesystem(cid, root_mib):
+    """The container's root, in the zygote's mount namespace (so it outlives the container's
+    inits): an overlay whose lower is the pooled sandbox's root as a directory tree (its
+    submounts - /proc, /dev, the agent's /.rollbox, volumes - are not part of it) and whose
+    upper is a tmpfs of `root_mib` MiB (writes past it: ENOSPC). Returns the root path."""
+    top = "%s/%s" % (BASE, cid)
+    os.mkdir(top)
+    mount("rollbox-ctr", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=0700" % root_mib)
+    for d in ("u", "w", "m"):
+        os.mkdir(top + "/" + d)
+    mount("overlay", top + "/m", "overlay", 0, "lowerdir=/,upperdir=%s/u,workdir=%s/w" % (top, top))
+    return top + "/m"
+
+
+def remove_filesystem(cid):
+    top = "%s/%s" % (BASE, cid)
+    umount(top + "/m")
+    umount(top)
+    try:
+        os.rmdir(top)
+    except OSError:
+        pass
+
+
+def enter_root(new, shm_mib, hostname):
+    """In a freshly cloned init: its own /proc, /dev and /dev/shm, pivot_root into `new`, the
+    host name, loopback up, then Docker's default capabilities only."""
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    mount("rollbox-dev", new + "/dev", "tmpfs", MS_NOSUID, "size=1m,mode=0755")
+    for name in DEVICES:
+        target = new + "/dev/" + name
+        open(target, "w").close()
+        mount("/dev/" + name, target, None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")):
+        os.symlink(target, new + "/dev/" + name)
+    for d in ("shm", "pts"):
+        os.mkdir(new + "/dev/" + d)
+    mount("rollbox-shm", new + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=1777" % shm_mib)
+    # pivot_root, not chroot: the old root is unmounted, so there is nothing to escape back to.
+    old = new + "/.rollbox-old-root"
+    os.mkdir(old)
+    check(libc.syscall(SYS_PIVOT_ROOT, new.encode(), old.encode()), "pivot_root")
+    os.chdir("/")
+    check(libc.umount2(b"/.rollbox-old-root", MNT_DETACH), "umount old root")
+    os.rmdir("/.rollbox-old-root")
+    if hostname:
+        socket.sethostname(hostname)
+    try:  # loopback up in the new network namespace (SIOCSIFFLAGS IFF_UP|IFF_RUNNING)
+        import fcntl
+        import struct
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", 0x1 | 0x40, b"\0" * 14))
+    except OSError:
+        pass
+    os.umask(0o022)
+    drop_capabilities()
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+def drop_capabilities():
+    """Docker's default set only, bounding set included: no mount, unshare, pivot_root, ptrace."""
+    for cap in range(LAST_CAP + 1):
+        if cap not in DEFAULT_CAPS:
+            libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL for caps this kernel lacks: fine
+    mask = 0
+    for cap in DEFAULT_CAPS:
+        mask |= 1 << cap
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    hdr = Header(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words
+    data = (Data * 2)(Data(mask & 0xFFFFFFFF, mask & 0xFFFFFFFF, 0), Data(mask >> 32, mask >> 32, 0))
+    check(libc.syscall(SYS_CAPSET, ctypes.byref(hdr), ctypes.byref(data)), "capset")
+
+
+def pid_namespace(pid):
+    """The inode of `pid`'s PID namespace (None when it is gone)."""
+    try:
+        return os.stat("/proc/%d/ns/pid" % pid).st_ino
+    except OSError:
+        return None

@@ -1,0 +1,416 @@
+"""rollbox's episode-container zygote: a warm Python interpreter inside a pooled gVisor sandbox
+that makes one fresh container per episode.
+
+Why (issue #15, PLATFORM.md "Costs inside a gVisor sandbox"): a `runsc restore` per episode
+costs ~140 ms of CPU and a fresh `python3` ~65 ms, so neither carries 30 programs/s on two
+cores. A pooled sandbox is restored once; this process, started in it on first use, keeps the
+interpreter and common modules loaded, and every process it makes is a fork of it (~25 ms).
+
+A container is what it is in a gVisor pod: its own PID, mount, IPC, UTS and network namespaces
+inside gVisor's kernel, a copy-on-write root (nsutil.make_filesystem: an overlay over the
+pooled sandbox's root with a size-capped tmpfs upper, so every write ends as ENOSPC at the
+cap), fresh /proc, /dev and /dev/shm, its own host name, and only Docker's default
+capabilities. Its filesystem lives in this process's mount namespace, so it outlives the
+container's init; the init (PID 1 of the container's namespaces, a fork of this process) is
+made on the container's first request and serves the rest (container_init.py). Killing an init
+makes gVisor's kernel kill every process of its namespace, setsid'd and double-forked too.
+
+The fast path: a Python command (warm_python.python_command) in a container whose init has
+not started anything yet is run by that init itself, in place: one fork per episode instead of
+two. Like `docker run`, the container's processes end when that command ends; the files stay,
+and the next request gets a fresh init. This process collects its output, enforces its timeout
+(by killing the init) and signs the reply, since nothing of the init is trusted after user
+code ran in it.
+
+Channel: the agent relays `container_*` request frames unchanged to our stdin and copies our
+stdout frames back to the daemon (agent.py's frames: length, HMAC-SHA256 under the sandbox
+key, JSON); the key arrives on fd 3 from the launcher the agent forked before dropping
+CAP_SYS_ADMIN. Single-threaded: a fork of a threaded Python process costs twice as much.
+"""
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import agent  # noqa: E402  (agent.py, next to this file)
+import container_init  # noqa: E402
+import nsutil  # noqa: E402
+import warm_python  # noqa: E402
+
+# Warm modules: what episode programs commonly import (HumanEval's prompts and tests), loaded
+# once here and shared copy-on-write by every fork. Each group of modules makes every fork
+# dearer (measured under gVisor: 20 ms bare, 23 ms with json..typing, 27 ms with unittest,
+# decimal, statistics and friends too), so only the common ones.
+WARM_MODULES = ("json", "math", "re", "collections", "itertools", "functools", "typing", "string", "heapq",
+                "bisect", "random", "runpy", "traceback", "io")
+# Memory-backed bounds (MiB) when the request does not say (both count against the pooled
+# sandbox's memory limit; the daemon passes a share of it).
+DEFAULT_ROOT_MIB = 256
+DEFAULT_SHM_MIB = 64
+
+
+class Container:
+    def __init__(self, cid, root, spec):
+        self.cid = cid
+        self.root = root
+        self.env = dict(spec.get("env") or {})
+        self.hostname = spec.get("hostname") or cid
+        self.shm_mib = int(spec.get("shm_mib") or DEFAULT_SHM_MIB)
+        self.init = None      # (pid, socket) of the serving init, or None
+        self.spawned = False  # the serving init has started a command: no in-place run there
+        self.inplace = None   # container_init.Running of the command running in place
+        self.queue = []       # frames that arrived while it ran
+
+
+class _Proc:
+    """What container_init.Running needs of a process: pid and its pipes."""
+
+    def __init__(self, pid, stdin, stdout, stderr):
+        self.pid = pid
+        self.stdin = os.fdopen(stdin, "wb", buffering=0) if stdin is not None else None
+        self.stdout = os.fdopen(stdout, "rb", buffering=0)
+        self.stderr = os.fdopen(stderr, "rb", buffering=0)
+        self.returncode = None
+
+
+class Zygote:
+    def __init__(self):
+        self.containers = {}  # cid -> Container
+        self.by_fd = {}       # init socket fd -> [Container, buffer]
+        self.wake_r, wake_w = os.pipe()
+        for fd in (self.wake_r, wake_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    # ---- replies ------------------------------------------------------------------------
+
+    def reply(self, msg):
+        agent.send(msg)
+
+    def fail(self, req, kind, message):
+        self.reply({"id": req.get("id"), "ok": False, "error": kind, "message": message})
+
+    # ---- inits --------------------------------------------------------------------------
+
+    def new_init(self, c):
+        """Clones the container's init; it sets itself up and serves what is on its socket."""
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = nsutil.clone_container()
+        if pid == 0:
+            parent.close()
+            _init_main(child, c)
+        child.close()
+        parent.setblocking(False)
+        c.init = (pid, parent)
+        c.spawned = False
+        self.by_fd[parent.fileno()] = [c, bytearray()]
+        return c.init
+
+    def forget_init(self, c):
+        if c.init is not None:
+            pid, sock = c.init
+            self.by_fd.pop(sock.fileno(), None)
+            sock.close()
+            c.init = None
+
+    def send_to_init(self, c, frame, fds=()):
+        if c.init is None:
+            self.new_init(c)
+        sock = c.init[1]
+        sock.setblocking(True)
+        try:
+            if fds:
+                socket.send_fds(sock, [frame], list(fds))
+            else:
+                sock.sendall(frame)
+        finally:
+            sock.setblocking(False)
+
+    # ---- requests -----------------------------------------------------------------------
+
+    def create(self, req):
+        cid = req.get("cid")
+        if not isinstance(cid, str) or not cid.replace("-", "").isalnum() or cid in self.containers:
+            return self.fail(req, "invalid_argument", "container id %r is malformed or already in use" % (cid,))
+        t0 = time.process_time()
+        try:
+            root = nsutil.make_filesystem(cid, int(req.get("root_mib") or DEFAULT_ROOT_MIB))
+        except OSError as e:
+            nsutil.remove_filesystem(cid)
+            return self.fail(req, "container_error", "making container %s's filesystem: %s" % (cid, e))
+        self.containers[cid] = Container(cid, root, req)
+        self.reply({"id": req.get("id"), "ok": True, "container": cid,
+                    "setup_cpu_ms": (time.process_time() - t0) * 1000})
+
+    def destroy(self, req):
+        c = self.containers.pop(req.get("cid"), None)
+        if c is None:
+            return self.fail(req, "container_not_found", "container %s not found (already destroyed?)" % (req.get("cid"),))
+        pids = []
+        if c.inplace is not None:
+            pids.append(c.inplace.pid)
+            c.inplace.close_stdin()
+            for f in (c.inplace.proc.stdout, c.inplace.proc.stderr):
+                f.close()
+        if c.init is not None:
+            pids.append(c.init[0])
+            self.forget_init(c)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)  # an init: the kernel kills the rest of its namespace
+            except ProcessLookupError:
+                pass
+            _reap(pid)
+        nsutil.remove_filesystem(c.cid)
+        self.reply({"id": req.get("id"), "ok": True, "cid": c.cid, "killed": len(pids)})
+
+    def exec_in_place_or_forward(self, c, req, frame):
+        env = dict(os.environ)
+        env.update(c.env)
+        env.update(req.get("env") or {})
+        argv = req.get("argv")
+        cmd = None
+        if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv) and not req.get("user") \
+                and not c.spawned:
+            cmd = warm_python.python_command(argv, env)
+            cwd = req.get("cwd") or agent._home_or_root(env)
+            if cmd is not None and not os.path.isdir(c.root + "/" + str(cwd).lstrip("/")):
+                cmd = None  # the init reports a missing working directory as exec does
+        if cmd is None:
+            c.spawned = True
+            return self.send_to_init(c, frame)
+        in_r = in_w = None
+        if req.get("stdin") is not None:
+            in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        order = dict(req, op="inplace", cwd=cwd)
+        body = json.dumps(order, separators=(",", ":")).encode()
+        mac = agent.hmac_sha256(agent._key["key"], body)
+        signed = agent._HDR.pack(len(body) + len(mac)) + mac + body
+        fds = [out_w, err_w] + ([in_r] if in_r is not None else [])
+        self.send_to_init(c, signed, fds)
+        pid = c.init[0]
+        self.forget_init(c)  # the init now runs the command: it serves nothing more
+        for fd in fds:
+            os.close(fd)
+        stdin_data = agent.base64.b64decode(req["stdin"]) if in_w is not None else None
+        cap = agent.DEFAULT_MAX_OUTPUT if req.get("max_output") is None else int(req["max_output"])
+        c.inplace = container_init.Running(req, _Proc(pid, in_w, out_r, err_r), "", stdin_data, cap,
+                                           req.get("timeout"))
+
+    def from_agent(self):
+        hdr = agent.read_exact(0, 4)
+        if hdr is None:
+            os._exit(0)  # the agent is gone: so is the sandbox
+        (n,) = agent._HDR.unpack(hdr)
+        frame = agent.read_exact(0, n)
+        if frame is None:
+            os._exit(0)
+        mac, body = frame[:32], frame[32:]
+        if not agent._compare_digest(mac, agent.hmac_sha256(agent._key["key"], body)):
+            return
+        try:
+            req = json.loads(body)
+        except ValueError:
+            return
+        if not isinstance(req, dict):
+            return
+        self.route(req, hdr + frame)
+
+    def route(self, req, frame):
+        op = req.get("op")
+        if op == "container_create":
+            return self.create(req)
+        if op == "container_destroy":
+            return self.destroy(req)
+        if op == "container_list":
+            return self.reply({"id": req.get("id"), "ok": True, "containers": sorted(self.containers)})
+        c = self.containers.get(req.get("cid"))
+        if c is None:
+            return self.fail(req, "container_not_found", "container %s not found" % (req.get("cid"),))
+        if c.inplace is not None:
+            c.queue.append((req, frame))  # served by a fresh init once the command ends
+            return
+        try:
+            if op == "container_exec":
+                self.exec_in_place_or_forward(c, req, frame)
+            else:
+                self.send_to_init(c, frame)
+        except OSError as e:
+            self.forget_init(c)
+            self.fail(req, "container_error", "container %s: its init is gone: %s" % (c.cid, e))
+
+    # ---- output and exits ---------------------------------------------------------------
+
+    def from_init(self, fd):
+        c, buf = self.by_fd[fd]
+        sock = c.init[1]
+        try:
+            chunk = sock.recv(1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.forget_init(c)  # it died (its sandbox is going, or it crashed): a fresh one next time
+            return
+        buf += chunk
+        while len(buf) >= 4:
+            (n,) = agent._HDR.unpack(buf[:4])
+            if len(buf) < 4 + n:
+                break
+            frame = bytes(buf[:4 + n])
+            del buf[:4 + n]
+            _write_all(1, frame)
+
+    def finish_in_place(self, c):
+        r = c.inplace
+        c.inplace = None
+        res = r.result()
+        res["id"] = r.req.get("id")
+        res["ok"] = True
+        res["in_place"] = True
+        self.reply(res)
+        queued, c.queue = c.queue, []
+        for req, frame in queued:
+            self.route(req, frame)
+
+    def reap(self):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            for c in self.containers.values():
+                if c.inplace is not None and c.inplace.pid == pid and c.inplace.status is None:
+                    c.inplace.status = status
+                    c.inplace.exited_at = time.monotonic()
+
+    def run(self):
+        while True:
+            now = time.monotonic()
+            rfds = [0, self.wake_r, *self.by_fd]
+            wfds = []
+            wait = 1.0
+            for c in self.containers.values():
+                r = c.inplace
+                if r is None:
+                    continue
+                rfds.extend(r.open)
+                if r.pending is not None:
+                    wfds.append(r.stdin.fileno())
+                if r.deadline is not None:
+                    wait = min(wait, max(0.0, r.deadline - now))
+                if r.status is not None:
+                    wait = min(wait, container_init.AFTER_EXIT_S)
+            try:
+                readable, writable, _ = select.select(rfds, wfds, [], wait)
+            except InterruptedError:
+                readable, writable = [], []
+            if self.wake_r in readable:
+                try:
+                    os.read(self.wake_r, 4096)
+                except OSError:
+                    pass
+            self.reap()
+            for c in list(self.containers.values()):
+                r = c.inplace
+                if r is None:
+                    continue
+                for fd in list(r.open):
+                    if fd in readable:
+                        r.take(fd)
+                if r.stdin is not None and r.stdin.fileno() in writable:
+                    r.feed()
+            for fd in readable:
+                if fd in self.by_fd:
+                    self.from_init(fd)
+            if 0 in readable:
+                self.from_agent()
+            now = time.monotonic()
+            for c in list(self.containers.values()):
+                r = c.inplace
+                if r is None:
+                    continue
+                if r.deadline is not None and now >= r.deadline and r.status is None and not r.timed_out:
+                    r.timed_out = True
+                    try:
+                        os.kill(r.pid, signal.SIGKILL)  # the init: its whole namespace goes
+                    except ProcessLookupError:
+                        pass
+                    st = _reap(r.pid)
+                    r.status = st if st is not None else r.status
+                if r.done(now):
+                    self.finish_in_place(c)
+
+
+def _init_main(sock, c):
+    """The container's init, right after clone(): set up, then serve `sock` (never returns)."""
+    try:
+        os.dup2(sock.fileno(), 0)
+        os.dup2(sock.fileno(), 1)
+        os.closerange(3, 65536)
+        agent._out_fd = 1
+        agent._identity["env"] = dict(c.env)
+        nsutil.enter_root(c.root, c.shm_mib, c.hostname)
+        init = container_init.ContainerInit(warm_python.launch_warm_python)
+    except BaseException:  # noqa: BLE001 - its requests fail as a gone init
+        os._exit(1)
+    try:
+        init.run()
+    finally:
+        os._exit(0)
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            select.select([], [fd], [], 1.0)
+
+
+def _reap(pid):
+    try:
+        _, status = os.waitpid(pid, 0)
+        return status
+    except ChildProcessError:
+        return None
+
+
+def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    key = b""
+    try:
+        while True:
+            chunk = os.read(3, 4096)
+            if not chunk:
+                break
+            key += chunk
+        os.close(3)
+    except OSError:
+        pass
+    agent._key["key"] = key
+    nsutil.libc.prctl(nsutil.PR_SET_DUMPABLE, 0, 0, 0, 0)  # no /proc/PID/mem or fd access from outside
+    nsutil.libc.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    nsutil.private_mounts()
+    for name in WARM_MODULES:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    Zygote().run()
+
+
+if __name__ == "__main__":
+    main()
