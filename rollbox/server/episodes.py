@@ -6,6 +6,11 @@ runs each episode in a fresh container inside one of them (agent/zygote.py: own 
 IPC, UTS and network namespaces in gVisor's kernel, a copy-on-write root, discarded after the
 episode). Episodes in one pooled sandbox share its gVisor kernel, never the host's.
 
+Memory: gVisor's limit covers a whole sandbox, so each container's processes get an address
+space limit (RLIMIT_AS) of the snapshot's memory limit: one container's runaway allocation
+fails inside it and its neighbours go on; containers that together exceed the sandbox's limit
+end it, and every episode running there is reported `oom`.
+
 A pooled sandbox is retired (no new episodes; terminated once its running ones end, replaced
 by a fresh restore on demand) after `episodes_per_sandbox` episodes, after an episode that
 ended `oom`, `timeout` or `error`-from-infrastructure, and whenever a container could not be
@@ -63,6 +68,7 @@ class EpisodePool:
     episodes_per_sandbox: int
     keep_warm_seconds: float | None
     root_mib: int
+    as_mib: int
     tags: dict[str, str]
     sandboxes: dict[str, PooledSandbox] = field(default_factory=dict)
     starting: int = 0
@@ -112,7 +118,7 @@ class EpisodePools:
         pool = EpisodePool(pool_id="ep-" + secrets.token_hex(8), snapshot_id=snapshot_id, max_sandboxes=n,
                            containers_per_sandbox=math.ceil(max_concurrency / n),
                            episodes_per_sandbox=episodes_per_sandbox, keep_warm_seconds=keep_warm_seconds,
-                           root_mib=root, tags=dict(tags or {}))
+                           root_mib=root, as_mib=meta.memory_mib, tags=dict(tags or {}))
         self.pools[pool.pool_id] = pool
         return self.describe(pool.pool_id)
 
@@ -208,7 +214,7 @@ class EpisodePools:
             made = await self.service.execfiles.agent_request(
                 slot.sandbox_id, "container_create", CREATE_WAIT_S, cid=cid, hostname=cid,
                 env={"ROLLBOX_CONTAINER_ID": cid, "ROLLBOX_SANDBOX_ID": cid, **(env or {})},
-                root_mib=pool.root_mib)
+                root_mib=pool.root_mib, as_mib=pool.as_mib)
         except (AgentError, errors.RollboxError) as e:
             await self._release(pool, slot, cid, retire=True)
             if isinstance(e, AgentError) and e.kind == "container_unavailable":

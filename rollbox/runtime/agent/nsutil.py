@@ -14,7 +14,7 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x04000000, 0x08000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 CONTAINER_FLAGS = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWNET
 SYS_CLONE, SYS_PIVOT_ROOT, SYS_CAPSET = 56, 155, 126
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 24, 38, 1, 4
 # Docker's default capability set (bundle.DEFAULT_CAPS), by number.
@@ -83,9 +83,17 @@ def remove_filesystem(cid):
         pass
 
 
-def enter_root(new, shm_mib, hostname):
+# Processes (gVisor counts every task of the sandbox, threads included) a container may have
+# running when it forks: under the sandbox's own RLIMIT_NPROC (512, bundle.py), so a fork
+# bomb in one container stops there and leaves the zygote room to serve its neighbours.
+CONTAINER_NPROC = 48
+
+
+def enter_root(new, shm_mib, hostname, as_mib=None, nproc=CONTAINER_NPROC):
     """In a freshly cloned init: its own /proc, /dev and /dev/shm, pivot_root into `new`, the
-    host name, loopback up, then Docker's default capabilities only."""
+    host name, loopback up, then Docker's default capabilities only, and (as_mib) an address
+    space limit so that one container's allocation fails inside it (Python: MemoryError)
+    instead of running the whole pooled sandbox out of memory (gVisor's limit is per sandbox)."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     mount("rollbox-dev", new + "/dev", "tmpfs", MS_NOSUID, "size=1m,mode=0755")
@@ -99,6 +107,9 @@ def enter_root(new, shm_mib, hostname):
     for d in ("shm", "pts"):
         os.mkdir(new + "/dev/" + d)
     mount("rollbox-shm", new + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=1777" % shm_mib)
+    # gVisor's overlay shows the lower's submounts too: hide the agent's directory.
+    if os.path.isdir(new + "/.rollbox"):
+        mount("rollbox-hidden", new + "/.rollbox", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k")
     # pivot_root, not chroot: the old root is unmounted, so there is nothing to escape back to.
     old = new + "/.rollbox-old-root"
     os.mkdir(old)
@@ -116,7 +127,11 @@ def enter_root(new, shm_mib, hostname):
     except OSError:
         pass
     os.umask(0o022)
-    drop_capabilities()
+    drop_capabilities()  # no CAP_SYS_RESOURCE after this: the limit cannot be raised again
+    import resource
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    if as_mib:
+        resource.setrlimit(resource.RLIMIT_AS, (as_mib << 20, as_mib << 20))
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
 

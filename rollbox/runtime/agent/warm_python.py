@@ -7,6 +7,7 @@ the fork (zygote.WARM_MODULES), copy-on-write, and the string hash seed.
 """
 
 import os
+import runpy
 import signal
 import sys
 
@@ -152,7 +153,6 @@ def _run_python(cmd, env):
     try:
         if "random" in sys.modules:
             sys.modules["random"].seed()  # as a fresh interpreter would: from os.urandom
-        import runpy
         if mode == "c":
             sys.argv = ["-c", *args]
             sys.path[0] = ""
@@ -170,10 +170,13 @@ def _run_python(cmd, env):
             runpy.run_path(target, run_name="__main__")
     except SystemExit as e:
         code = _exit_status(e.code)
-    except BaseException:  # noqa: BLE001 - as the interpreter does: traceback, status 1
+    except BaseException as e:  # noqa: BLE001 - as the interpreter does: traceback, status 1
         import traceback
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__):
+            tb = tb.tb_next  # our frames and runpy's are not the program's
         try:
-            traceback.print_exc()
+            traceback.print_exception(type(e), e, tb)
         except BaseException:  # noqa: BLE001
             pass
         code = 1

