@@ -949,6 +949,8 @@ def main(argv: list[str] | None = None) -> int:
     log(f"rollbox daemon home: {os.environ.get('ROLLBOX_HOME', SHARED_HOME)}")
     try:
         m = measure(tr, raw)
+        from bench.humaneval import run_section
+        he = run_section([8] if args.quick or args.smoke else [1, 4, 8], limit=16 if args.smoke else None)
     finally:
         tr.cleanup()
         raw.destroy_all()
@@ -961,6 +963,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"done in {time.perf_counter() - t0:.0f} s")
     res = build_results(m)
     print_table(res, m)
+    res.update({k: v for k, v in he.items() if k != "humaneval_rows"})
     print(json.dumps(res, separators=(",", ":")), flush=True)
     return 0
 

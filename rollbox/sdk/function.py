@@ -232,10 +232,14 @@ class Function(Generic[R]):
         """Runs the function here, in this process (no sandbox)."""
         return self.fn(*args, **kwargs)
 
-    def map(self, inputs: Iterable[Any], *, max_concurrency: int = 4, return_exceptions: bool = False
-            ) -> Iterator[R | BaseException]:
+    def map(self, inputs: Iterable[Any], *, max_concurrency: int = 4, return_exceptions: bool = False,
+            isolation: str = "sandbox") -> Iterator[R | BaseException]:
         """Calls the function once per input (one argument each), each in a fresh sandbox
         restored from one prepared snapshot; yields results in input order.
+
+        isolation: "sandbox" (a fresh gVisor sandbox per call) or "container" (a fresh
+        container per call inside pooled sandboxes: SandboxPool's `isolation`; several times
+        faster for short calls; no GPU, volumes or network inside the containers).
 
         With `return_exceptions=True` a failed call yields its exception in its slot;
         otherwise the first failure is raised.
@@ -252,7 +256,8 @@ class Function(Generic[R]):
         client = self._client
         pool: SandboxPool | None = None
         try:
-            with SandboxPool(snap, max_concurrency=max_concurrency, client=client, backend=self.spec.backend) as pool:
+            with SandboxPool(snap, max_concurrency=max_concurrency, client=client, backend=self.spec.backend,
+                             isolation=isolation) as pool:
                 def call(sb: SandboxInstance, x: Any) -> Any:
                     try:
                         return {"ok": True, "v": self._run(sb, (x,), {})}

@@ -210,11 +210,15 @@ class EpisodePools:
         """
         pool = self._pool(pool_id)
         slot, cid = await self._reserve(pool)
+        lv = self.service.live.get(slot.sandbox_id)
+        # The pooled sandbox's volumes, bound into the container read-write (shared, as a
+        # fleet's volume is meant to be): through the overlay they would be copied up instead.
+        binds = [v["mount_path"] for v in (lv.volumes if lv else [])]
         try:
             made = await self.service.execfiles.agent_request(
                 slot.sandbox_id, "container_create", CREATE_WAIT_S, cid=cid, hostname=cid,
                 env={"ROLLBOX_CONTAINER_ID": cid, "ROLLBOX_SANDBOX_ID": cid, **(env or {})},
-                root_mib=pool.root_mib, as_mib=pool.as_mib)
+                root_mib=pool.root_mib, as_mib=pool.as_mib, binds=binds)
         except (AgentError, errors.RollboxError) as e:
             await self._release(pool, slot, cid, retire=True)
             if isinstance(e, AgentError) and e.kind == "container_unavailable":

@@ -89,7 +89,7 @@ def remove_filesystem(cid):
 CONTAINER_NPROC = 48
 
 
-def enter_root(new, shm_mib, hostname, as_mib=None, nproc=CONTAINER_NPROC):
+def enter_root(new, shm_mib, hostname, as_mib=None, nproc=CONTAINER_NPROC, binds=()):
     """In a freshly cloned init: its own /proc, /dev and /dev/shm, pivot_root into `new`, the
     host name, loopback up, then Docker's default capabilities only, and (as_mib) an address
     space limit so that one container's allocation fails inside it (Python: MemoryError)
@@ -107,6 +107,9 @@ def enter_root(new, shm_mib, hostname, as_mib=None, nproc=CONTAINER_NPROC):
     for d in ("shm", "pts"):
         os.mkdir(new + "/dev/" + d)
     mount("rollbox-shm", new + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=1777" % shm_mib)
+    for path in binds:  # the pooled sandbox's volumes, shared read-write
+        os.makedirs(new + path, exist_ok=True)
+        mount(path, new + path, None, MS_BIND | MS_REC)
     # gVisor's overlay shows the lower's submounts too: hide the agent's directory.
     if os.path.isdir(new + "/.rollbox"):
         mount("rollbox-hidden", new + "/.rollbox", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k")

@@ -62,6 +62,7 @@ class Container:
         self.hostname = spec.get("hostname") or cid
         self.shm_mib = int(spec.get("shm_mib") or DEFAULT_SHM_MIB)
         self.as_mib = int(spec.get("as_mib") or 0) or None
+        self.binds = [b for b in spec.get("binds") or [] if isinstance(b, str) and b.startswith("/")]
         self.init = None      # (pid, socket) of the serving init, or None
         self.spawned = False  # the serving init has started a command: no in-place run there
         self.inplace = None   # container_init.Running of the command running in place
@@ -362,7 +363,7 @@ def _init_main(sock, c):
         os.closerange(3, 65536)
         agent._out_fd = 1
         agent._identity["env"] = dict(c.env)
-        nsutil.enter_root(c.root, c.shm_mib, c.hostname, c.as_mib)
+        nsutil.enter_root(c.root, c.shm_mib, c.hostname, c.as_mib, binds=c.binds)
         agent.PIDS_REPORT_AT = max(16, nsutil.CONTAINER_NPROC // 2)
         init = container_init.ContainerInit(warm_python.launch_warm_python)
     except BaseException:  # noqa: BLE001 - its requests fail as a gone init
