@@ -1,0 +1,143 @@
+"""Pure logic of episode containers: which commands the warm interpreter takes, and how an
+episode pool hands out and recycles its pooled sandboxes (the runtime boundary stubbed)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollbox import errors
+from rollbox.sdk.pool import SandboxPool
+from rollbox.server.episodes import EpisodePools
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "rollbox" / "runtime" / "agent"))
+import warm_python  # noqa: E402
+
+ENV = {"PATH": os.path.dirname(os.path.realpath(sys.executable)) + ":/usr/bin:/bin"}
+PY = os.path.basename(sys.executable)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([PY, "/w/p.py", "a"], ("f", "/w/p.py", ["a"], set())),
+    ([PY, "-u", "-c", "print(1)", "x"], ("c", "print(1)", ["x"], {"u"})),
+    ([PY, "-B", "-m", "json.tool"], ("m", "json.tool", [], {"B"})),
+    ([sys.executable, "-uB", "p.py"], ("f", "p.py", [], {"u", "B"})),
+])
+def test_python_commands_the_warm_interpreter_takes(argv: list[str], expected: tuple[Any, ...]) -> None:
+    assert warm_python.python_command(argv, ENV) == expected
+
+
+@pytest.mark.parametrize("argv", [
+    [PY],                        # interactive: reads stdin
+    [PY, "-"],                   # script from stdin
+    [PY, "-W", "error", "p.py"],  # options the real interpreter parses
+    [PY, "-X", "dev", "p.py"],
+    [PY, "-c"],                  # missing code
+    ["sh", "-c", "python3 p.py"],
+    ["/definitely/not/python3", "p.py"],
+])
+def test_other_commands_are_execed(argv: list[str]) -> None:
+    assert warm_python.python_command(argv, ENV) is None
+
+
+class FakeMeta:
+    memory_mib = 512
+
+
+class FakeService:
+    """The façade methods EpisodePools uses; containers always made and destroyed cleanly
+    unless `fail_create` is set."""
+
+    def __init__(self) -> None:
+        self.live: dict[str, Any] = {}
+        self.restored = 0
+        self.terminated: list[str] = []
+        self.fail_create = False
+        self.snapshots = self
+        self.execfiles = self
+
+    def meta(self, snapshot_id: str) -> FakeMeta:
+        if snapshot_id != "sn-ok":
+            raise errors.SnapshotNotFound(f"snapshot {snapshot_id} not found")
+        return FakeMeta()
+
+    async def acquire(self, snapshot_id: str, **_kw: Any) -> Any:
+        self.restored += 1
+        return type("Info", (), {"sandbox_id": f"sb-{self.restored}"})()
+
+    async def terminate(self, sandbox_id: str, reason: str = "") -> None:
+        self.terminated.append(sandbox_id)
+
+    def spawn(self, coro: Any) -> None:
+        asyncio.ensure_future(coro)
+
+    async def agent_request(self, sandbox_id: str, op: str, wait_s: float | None, **fields: Any) -> dict[str, Any]:
+        if op == "container_create" and self.fail_create:
+            raise errors.SandboxLost("agent gone", sandbox_id=sandbox_id)
+        return {"ok": True}
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_pool_spreads_recycles_and_closes_gh15() -> None:
+    async def go() -> None:
+        svc = FakeService()
+        pools = EpisodePools(svc)  # type: ignore[arg-type]
+        pid = pools.open("sn-ok", max_concurrency=4, episodes_per_sandbox=3)["pool_id"]
+        a = await pools.begin(pid)
+        b = await pools.begin(pid)
+        c = await pools.begin(pid)
+        # Two containers per pooled sandbox: the third episode gets a second sandbox.
+        assert a["sandbox_id"] == b["sandbox_id"] != c["sandbox_id"] and svc.restored == 2
+        await pools.end(pid, a["container_id"])
+        await pools.end(pid, b["container_id"])
+        d = await pools.begin(pid)
+        await pools.end(pid, d["container_id"])  # its third episode: retired and terminated
+        await asyncio.sleep(0)
+        assert a["sandbox_id"] in svc.terminated
+        # A timeout retires the pooled sandbox at once.
+        await pools.end(pid, c["container_id"], status="timeout")
+        await asyncio.sleep(0)
+        assert c["sandbox_id"] in svc.terminated
+        with pytest.raises(errors.ContainerNotFound):
+            await pools.end(pid, c["container_id"])
+        e = await pools.begin(pid)
+        assert e["sandbox_id"] not in (a["sandbox_id"], c["sandbox_id"])
+        await pools.close(pid)
+        assert e["sandbox_id"] in svc.terminated
+        with pytest.raises(errors.EpisodePoolNotFound):
+            await pools.begin(pid)
+    run(go())
+
+
+def test_failed_container_is_retryable_and_retires_the_sandbox_gh15() -> None:
+    async def go() -> None:
+        svc = FakeService()
+        pools = EpisodePools(svc)  # type: ignore[arg-type]
+        pid = pools.open("sn-ok", max_concurrency=2)["pool_id"]
+        svc.fail_create = True
+        with pytest.raises(errors.SandboxLost) as ei:
+            await pools.begin(pid)
+        assert ei.value.retryable
+        await asyncio.sleep(0)
+        assert svc.terminated == ["sb-1"]
+        svc.fail_create = False
+        assert (await pools.begin(pid))["sandbox_id"] == "sb-2"
+    run(go())
+
+
+def test_bad_arguments_are_typed_gh15() -> None:
+    pools = EpisodePools(FakeService())  # type: ignore[arg-type]
+    with pytest.raises(errors.SnapshotNotFound):
+        pools.open("sn-missing", max_concurrency=2)
+    with pytest.raises(errors.InvalidArgument):
+        pools.open("sn-ok", max_concurrency=2, root_mib=4096)
+    with pytest.raises(errors.InvalidArgument):
+        SandboxPool("sn-ok", isolation="vm")
