@@ -691,7 +691,7 @@ class ZygoteLink:
                 try:
                     os.write(self.to_w, b"S")
                 except OSError as e:
-                    self.dead = "the zygote launcher is gone: %s" % e
+                    self.dead = ("container_unavailable", "the zygote launcher is gone: %s" % e)
                 else:
                     threading.Thread(target=self._copy_back, daemon=True).start()
             if self.dead is None:
@@ -701,17 +701,22 @@ class ZygoteLink:
                         view = view[os.write(self.to_w, view):]
                     return
                 except OSError as e:
-                    self.dead = "the zygote is gone: %s" % e
-        send({"id": req.get("id"), "ok": False, "error": "container_unavailable", "message": self.dead})
+                    self.dead = ("container_error", "the zygote is gone: %s" % e)
+        send({"id": req.get("id"), "ok": False, "error": self.dead[0], "message": self.dead[1]})
 
     def _copy_back(self):
+        served = False
         while True:
             hdr = read_exact(self.from_r, 4)
             frame = read_exact(self.from_r, _HDR.unpack(hdr)[0]) if hdr else None
             if frame is None:
                 with self.lock:
-                    self.dead = "the episode-container zygote ended (the image needs python3 >= 3.8)"
+                    # Never answered: it could not start (no python3 >= 3.9); else it died.
+                    self.dead = ("container_error", "the episode-container zygote ended") if served else (
+                        "container_unavailable", "the episode-container zygote could not start (container "
+                        "isolation needs python3 >= 3.9 in the image)")
                 return
+            served = True
             with _out_lock:
                 view = memoryview(hdr + frame)
                 while view:

@@ -392,6 +392,8 @@ def _reap(pid):
 
 
 def main():
+    if not hasattr(socket, "send_fds"):
+        os._exit(2)  # Python < 3.9: the agent reports container isolation as unavailable here
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     key = b""
     try:

@@ -148,10 +148,10 @@ impl Agent {
                     .map(|_| ())
                     .unwrap_or(());
             }),
-            None => Err("the episode-container launcher could not be started".to_string()),
+            None => Err((zygote::UNSUPPORTED, "the episode-container launcher could not be started".to_string())),
         };
-        if let Err(why) = res {
-            self.send(&error_reply(rid, "container_unavailable", &why));
+        if let Err((kind, why)) = res {
+            self.send(&error_reply(rid, kind, &why));
         }
     }
 

@@ -14,9 +14,14 @@ use crate::sys;
 pub struct ZygoteLink {
     to_w: c_int,
     from_r: c_int,
-    /// None while usable; otherwise why container requests fail.
-    dead: Mutex<(bool, Option<String>)>, // (started, dead reason)
+    /// (started, why container requests fail now: (error kind, message), None while usable).
+    dead: Mutex<(bool, Option<(&'static str, String)>)>,
 }
+
+/// The zygote could never serve (no launcher, no python3 in the image): the pool must not retry.
+pub const UNSUPPORTED: &str = "container_unavailable";
+/// It served and then ended (e.g. killed): the pooled sandbox is replaced, the episode retried.
+pub const FAILED: &str = "container_error";
 
 fn find_python() -> Option<CString> {
     let path = std::env::var_os("PATH").map(|p| p.as_bytes().to_vec()).unwrap_or_else(|| b"/usr/bin:/bin".to_vec());
@@ -98,12 +103,14 @@ impl ZygoteLink {
 
     /// Sends one raw request frame to the zygote, starting it first if need be. Err: why the
     /// request cannot be served (the caller replies with a `container_unavailable` error).
-    pub fn relay(&'static self, frame: &[u8], on_start: impl FnOnce(&'static ZygoteLink)) -> Result<(), String> {
+    pub fn relay(&'static self, frame: &[u8], on_start: impl FnOnce(&'static ZygoteLink))
+                 -> Result<(), (&'static str, String)> {
         let mut st = self.dead.lock().unwrap();
         if st.1.is_none() && !st.0 {
             st.0 = true;
             if write_all(self.to_w, b"S").is_err() {
-                st.1 = Some("the episode-container launcher is gone".into());
+                st.1 = Some((UNSUPPORTED, "the episode-container launcher is gone (a snapshot made before \
+                            container support?)".into()));
             } else {
                 on_start(self);
             }
@@ -112,7 +119,7 @@ impl ZygoteLink {
             return Err(why.clone());
         }
         if let Err(e) = write_all(self.to_w, frame) {
-            st.1 = Some(format!("the episode-container zygote is gone: {}", e));
+            st.1 = Some((FAILED, format!("the episode-container zygote is gone: {}", e)));
             return Err(st.1.clone().unwrap());
         }
         Ok(())
@@ -120,6 +127,7 @@ impl ZygoteLink {
 
     /// Reads the zygote's frames until it ends, handing each whole frame to `out`.
     pub fn copy_back(&self, out: impl Fn(&[u8])) {
+        let mut served = false;
         loop {
             let mut hdr = [0u8; 4];
             if !read_all(self.from_r, &mut hdr) {
@@ -132,9 +140,14 @@ impl ZygoteLink {
                 break;
             }
             out(&frame);
+            served = true;
         }
-        self.dead.lock().unwrap().1 =
-            Some("the episode-container zygote ended (container mode needs python3 >= 3.8 in the image)".into());
+        self.dead.lock().unwrap().1 = Some(if served {
+            (FAILED, "the episode-container zygote ended".into())
+        } else {
+            (UNSUPPORTED, "the episode-container zygote could not start (container isolation needs python3 >= 3.9 \
+                           in the image)".into())
+        });
     }
 }
 
