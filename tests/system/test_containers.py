@@ -45,6 +45,7 @@ def sh(c: ContainerInstance, script: str, timeout: float = 20) -> str:
 TRACES = {
     "file_tmp": ("echo x > /tmp/trace", "test -e /tmp/trace && echo LEAK"),
     "file_dev_shm": ("echo x > /dev/shm/trace", "test -e /dev/shm/trace && echo LEAK"),
+    "file_dev": ("echo x > /dev/trace; mkdir /dev/d", "test -e /dev/trace -o -e /dev/d && echo LEAK"),
     "file_home": ("echo x > /root/trace", "test -e /root/trace && echo LEAK"),
     "file_root": ("echo x > /trace && echo x > /work/trace", "test -e /trace -o -e /work/trace && echo LEAK"),
     "file_removed": ("rm -rf /usr/bin/env /work", "test -e /usr/bin/env -a -d /work || echo LEAK"),

@@ -52,11 +52,27 @@ def clone_container():
     return check(pid, "clone")
 
 
+MS_REMOUNT = 32
+DEV_TEMPLATE = BASE + "/.dev"
+
+
 def private_mounts():
-    """The zygote's own mount namespace, with a small tmpfs at BASE for container roots."""
+    """The zygote's own mount namespace, with a small tmpfs at BASE for container roots and a
+    /dev template every container binds read-only (one mount instead of eight per container)."""
     check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     mount("rollbox-containers", BASE, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0700")
+    os.mkdir(DEV_TEMPLATE)
+    mount("rollbox-dev", DEV_TEMPLATE, "tmpfs", MS_NOSUID, "size=16k,mode=0755")
+    for name in DEVICES:
+        target = DEV_TEMPLATE + "/" + name
+        open(target, "w").close()
+        mount("/dev/" + name, target, None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")):
+        os.symlink(target, DEV_TEMPLATE + "/" + name)
+    for d in ("shm", "pts"):
+        os.mkdir(DEV_TEMPLATE + "/" + d)
 
 
 def make_filesystem(cid, root_mib):
@@ -96,16 +112,10 @@ def enter_root(new, shm_mib, hostname, as_mib=None, nproc=CONTAINER_NPROC, binds
     instead of running the whole pooled sandbox out of memory (gVisor's limit is per sandbox)."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    mount("rollbox-dev", new + "/dev", "tmpfs", MS_NOSUID, "size=1m,mode=0755")
-    for name in DEVICES:
-        target = new + "/dev/" + name
-        open(target, "w").close()
-        mount("/dev/" + name, target, None, MS_BIND)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")):
-        os.symlink(target, new + "/dev/" + name)
-    for d in ("shm", "pts"):
-        os.mkdir(new + "/dev/" + d)
+    # The template, read-only (so nothing written to /dev reaches the next container; the
+    # device nodes are mounts of their own and stay writable), then a fresh /dev/shm.
+    mount(DEV_TEMPLATE, new + "/dev", None, MS_BIND | MS_REC)
+    mount(None, new + "/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
     mount("rollbox-shm", new + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=1777" % shm_mib)
     for path in binds:  # the pooled sandbox's volumes, shared read-write
         os.makedirs(new + path, exist_ok=True)
