@@ -8,6 +8,7 @@ same pooled sandbox is gVisor's kernel (never the host's): the README's threat m
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from .. import errors
@@ -54,17 +55,34 @@ class ContainerInstance(SandboxInstance):
 
 
 class EpisodePoolClient:
-    """The client side of one daemon episode pool (POST /episode-pools)."""
+    """The client side of one daemon episode pool (POST /episode-pools).
+
+    The pool is leased to this client: a daemon thread renews the lease every `lease_s / 3`
+    seconds, and the daemon closes a pool it has not heard from for `lease_s` (so a dead
+    trainer's pooled sandboxes end within ~a minute). Use `close()` when done."""
 
     def __init__(self, client: Client, snapshot_id: str, *, max_concurrency: int, sandboxes: int | None = None,
                  episodes_per_sandbox: int | None = None, keep_warm_seconds: float | None = 600,
-                 tags: dict[str, str] | None = None) -> None:
+                 tags: dict[str, str] | None = None, lease_s: float = 60.0) -> None:
         self.client = client
         body: dict[str, Any] = {"snapshot_id": snapshot_id, "max_concurrency": max_concurrency,
-                                "sandboxes": sandboxes, "keep_warm_seconds": keep_warm_seconds, "tags": tags or {}}
+                                "sandboxes": sandboxes, "keep_warm_seconds": keep_warm_seconds, "tags": tags or {},
+                                "lease_s": lease_s}
         if episodes_per_sandbox is not None:
             body["episodes_per_sandbox"] = episodes_per_sandbox
         self.pool_id = str(client.request("POST", "/episode-pools", json=body)["pool_id"])
+        self._closed = threading.Event()
+        threading.Thread(target=self._heartbeat, args=(lease_s / 3,), daemon=True,
+                         name=f"rollbox-lease-{self.pool_id}").start()
+
+    def _heartbeat(self, every_s: float) -> None:
+        while not self._closed.wait(every_s):
+            try:
+                self.client.request("PUT", f"/episode-pools/{self.pool_id}/heartbeat")
+            except errors.EpisodePoolNotFound:
+                return
+            except errors.RollboxError:
+                continue  # a restarting daemon: the next beat may get through
 
     def begin(self) -> ContainerInstance:
         """A fresh container (waits for a free slot). Raises SandboxLost (retryable) or
@@ -85,6 +103,7 @@ class EpisodePoolClient:
         return dict(self.client.request("GET", f"/episode-pools/{self.pool_id}"))
 
     def close(self) -> None:
+        self._closed.set()
         try:
             self.client.request("DELETE", f"/episode-pools/{self.pool_id}")
         except errors.RollboxError:

@@ -2,6 +2,7 @@
 
     POST   /episode-pools                              open a pool over a snapshot
     GET    /episode-pools/{pool_id}                    its pooled sandboxes and counters
+    PUT    /episode-pools/{pool_id}/heartbeat          renew its lease
     DELETE /episode-pools/{pool_id}                    close it (terminates its sandboxes)
     POST   /episode-pools/{pool_id}/containers         a fresh container for one episode
     DELETE /episode-pools/{pool_id}/containers/{cid}   end the episode (?status=ok|timeout|...)
@@ -30,6 +31,8 @@ class OpenEpisodePool(BaseModel):
     keep_warm_seconds: float | None = Field(600, allow_inf_nan=False)
     root_mib: int | None = Field(None, ge=8, description="MiB each container may write (memory-backed)")
     tags: dict[str, str] = Field(default_factory=dict)
+    lease_s: float = Field(60.0, gt=0, allow_inf_nan=False,
+                           description="seconds without a call or heartbeat before the daemon closes the pool")
 
 
 class BeginEpisode(BaseModel):
@@ -47,7 +50,11 @@ def add_episode_routes(app: FastAPI, service: "SandboxService", exec_model: type
     async def open_pool(body: OpenEpisodePool) -> dict[str, Any]:
         return pools.open(body.snapshot_id, max_concurrency=body.max_concurrency, sandboxes=body.sandboxes,
                           episodes_per_sandbox=body.episodes_per_sandbox, keep_warm_seconds=body.keep_warm_seconds,
-                          root_mib=body.root_mib, tags=body.tags)
+                          root_mib=body.root_mib, tags=body.tags, lease_s=body.lease_s)
+
+    @app.put("/episode-pools/{pool_id}/heartbeat")
+    async def heartbeat(pool_id: str) -> dict[str, Any]:
+        return pools.heartbeat(pool_id)
 
     @app.get("/episode-pools/{pool_id}")
     async def describe_pool(pool_id: str) -> dict[str, Any]:

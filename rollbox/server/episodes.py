@@ -16,8 +16,11 @@ by a fresh restore on demand) after `episodes_per_sandbox` episodes, after an ep
 ended `oom`, `timeout` or `error`-from-infrastructure, and whenever a container could not be
 made or destroyed cleanly. So an anomaly costs one restore, never a leak into a later episode.
 
-Ownership: pooled sandboxes carry the tag `rollbox.episode_pool` and the pool's
-`keep_warm_seconds` as their backstop; `close()` (and the SDK's pool close) terminates them.
+Ownership: a pool is leased to the client that opened it. Every call renews the lease, the SDK
+sends a heartbeat every `lease_s / 3` seconds, and a pool not heard from for `lease_s`
+(default 60 s) is closed by the daemon: a trainer that dies leaves no sandbox spinning until
+`keep_warm_seconds` (pooled sandboxes keep that as their backstop too). They carry the tag
+`rollbox.episode_pool`; `close()` (and the SDK's pool close) terminates them.
 
 Thread-safety: all methods run on the daemon's event loop.
 """
@@ -48,6 +51,8 @@ DEFAULT_CONTAINERS_PER_SANDBOX = 2
 # Episode statuses after which the pooled sandbox is not trusted with another episode.
 RETIRING_STATUSES = frozenset({"oom", "timeout", "infra_error"})
 CREATE_WAIT_S = 30.0
+DEFAULT_LEASE_S = 60.0
+LEASE_CHECK_S = 1.0
 DESTROY_WAIT_S = 30.0
 
 
@@ -76,6 +81,8 @@ class EpisodePool:
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     episodes: int = 0
     restores: int = 0
+    lease_s: float = DEFAULT_LEASE_S
+    last_seen: float = field(default_factory=time.monotonic)
 
 
 def _new_container_id() -> str:
@@ -88,10 +95,12 @@ class EpisodePools:
     def __init__(self, service: "SandboxService") -> None:
         self.service = service
         self.pools: dict[str, EpisodePool] = {}
+        self._expiry: asyncio.Task[None] | None = None
 
     def open(self, snapshot_id: str, *, max_concurrency: int, sandboxes: int | None = None,
              episodes_per_sandbox: int = DEFAULT_EPISODES_PER_SANDBOX, keep_warm_seconds: float | None = 600,
-             root_mib: int | None = None, tags: dict[str, str] | None = None) -> dict[str, Any]:
+             root_mib: int | None = None, tags: dict[str, str] | None = None,
+             lease_s: float = DEFAULT_LEASE_S) -> dict[str, Any]:
         """Opens a pool over `snapshot_id` for `max_concurrency` concurrent episodes.
 
         Args:
@@ -100,11 +109,14 @@ class EpisodePools:
             episodes_per_sandbox: episodes one pooled sandbox serves before a fresh restore.
             root_mib: MiB each container may write (its tmpfs upper, counted against the pooled
                 sandbox's memory); default a quarter of the snapshot's memory limit.
+            lease_s: seconds without a call or heartbeat after which the daemon closes the pool.
 
         Raises:
             SnapshotNotFound: no such snapshot. InvalidArgument: a bad number.
         """
         meta = self.service.snapshots.meta(snapshot_id)
+        if not lease_s > 0:
+            raise errors.InvalidArgument(f"lease_s={lease_s} must be a positive number of seconds")
         if max_concurrency < 1 or episodes_per_sandbox < 1 or (sandboxes is not None and sandboxes < 1):
             raise errors.InvalidArgument(
                 f"episode pool needs max_concurrency >= 1, episodes_per_sandbox >= 1 and sandboxes >= 1 "
@@ -118,23 +130,41 @@ class EpisodePools:
         pool = EpisodePool(pool_id="ep-" + secrets.token_hex(8), snapshot_id=snapshot_id, max_sandboxes=n,
                            containers_per_sandbox=math.ceil(max_concurrency / n),
                            episodes_per_sandbox=episodes_per_sandbox, keep_warm_seconds=keep_warm_seconds,
-                           root_mib=root, as_mib=meta.memory_mib, tags=dict(tags or {}))
+                           root_mib=root, as_mib=meta.memory_mib, tags=dict(tags or {}), lease_s=lease_s)
         self.pools[pool.pool_id] = pool
+        if self._expiry is None or self._expiry.done():
+            self._expiry = asyncio.ensure_future(self._expire_loop())
         return self.describe(pool.pool_id)
 
     def _pool(self, pool_id: str) -> EpisodePool:
         pool = self.pools.get(pool_id)
         if pool is None or pool.closed:
-            raise errors.EpisodePoolNotFound(f"episode pool {pool_id} not found (closed, or opened on another "
-                                             "daemon); open a new SandboxPool")
+            raise errors.EpisodePoolNotFound(f"episode pool {pool_id} not found (closed, its lease expired, or "
+                                             "opened on another daemon); open a new SandboxPool")
+        pool.last_seen = time.monotonic()
         return pool
+
+    def heartbeat(self, pool_id: str) -> dict[str, Any]:
+        """Renews the pool's lease. Raises EpisodePoolNotFound once it was closed or expired."""
+        pool = self._pool(pool_id)
+        return {"pool_id": pool_id, "lease_s": pool.lease_s}
+
+    async def _expire_loop(self) -> None:
+        while self.pools:
+            await asyncio.sleep(LEASE_CHECK_S)
+            now = time.monotonic()
+            for pid, pool in list(self.pools.items()):
+                if now - pool.last_seen > pool.lease_s:
+                    log.warning("episode pool %s: no call or heartbeat for %.0f s (its client is gone?); "
+                                "closing it", pid, now - pool.last_seen)
+                    await self.close(pid)
 
     def describe(self, pool_id: str) -> dict[str, Any]:
         pool = self._pool(pool_id)
         return {"pool_id": pool.pool_id, "snapshot_id": pool.snapshot_id, "max_sandboxes": pool.max_sandboxes,
                 "containers_per_sandbox": pool.containers_per_sandbox,
                 "episodes_per_sandbox": pool.episodes_per_sandbox, "episodes": pool.episodes,
-                "restores": pool.restores, "root_mib": pool.root_mib,
+                "restores": pool.restores, "root_mib": pool.root_mib, "lease_s": pool.lease_s,
                 "sandboxes": [{"sandbox_id": p.sandbox_id, "running": len(p.running), "served": p.served,
                                "retired": p.retired} for p in pool.sandboxes.values()]}
 

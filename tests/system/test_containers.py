@@ -205,3 +205,36 @@ def test_humaneval_canonical_all_pass_in_containers_gh15(snapshot_id: str) -> No
     with SandboxPool(snapshot_id, max_concurrency=8, isolation="container") as pool:
         res = list(pool.map(episode, progs, timeout=60, retries=1))
     assert sum(1 for r in res if r.status == "ok" and r.reward == 1.0) == len(probs) == 164
+
+
+def test_abandoned_pool_is_closed_when_its_lease_expires_gh19(snapshot_id: str) -> None:
+    import time
+
+    client = default_client()
+    pool = client.request("POST", "/episode-pools", json={"snapshot_id": snapshot_id, "max_concurrency": 1,
+                                                           "lease_s": 2})["pool_id"]
+    got = client.request("POST", f"/episode-pools/{pool}/containers", json={})
+    # No heartbeat from here on, as from a trainer that died mid-episode.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        states = [s["state"] for s in client.request("GET", "/sandboxes") if s["sandbox_id"] == got["sandbox_id"]]
+        if not states or states[0] in ("terminated", "terminating"):
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail("the abandoned pool's sandbox was still running 20 s after its 2 s lease")
+    with pytest.raises(errors.EpisodePoolNotFound):
+        client.request("PUT", f"/episode-pools/{pool}/heartbeat")
+
+
+def test_heartbeats_keep_a_quiet_pool_open_gh19(snapshot_id: str) -> None:
+    import time
+
+    pool = EpisodePoolClient(default_client(), snapshot_id, max_concurrency=1, lease_s=1.5)
+    try:
+        time.sleep(4)  # over twice the lease, with only the SDK's heartbeats
+        c = pool.begin()
+        assert sh(c, "echo ok").strip() == "ok"
+        pool.end(c.container_id, "ok")
+    finally:
+        pool.close()
