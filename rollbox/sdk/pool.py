@@ -80,6 +80,9 @@ class SandboxPool:
             network namespaces, a copy-on-write root, loopback only - inside a few pooled
             sandboxes restored once; episodes of one pooled sandbox share its gVisor kernel;
             several times the throughput). The snapshot's image needs python3 for containers.
+        lease_s: seconds after which the daemon ends this pool's sandboxes (warm spares and
+            pooled sandboxes included) when it stops hearing from this process (a thread
+            renews the lease every lease_s / 3): a crashed trainer leaves nothing spinning.
         episodes_per_sandbox: container mode: episodes a pooled sandbox serves before it is
             replaced by a fresh restore (default 256); any oom, timeout or infrastructure
             fault replaces it at once.
@@ -91,7 +94,7 @@ class SandboxPool:
                  warm: int = 0, warm_idle_seconds: float = 300.0, client: Client | None = None,
                  fn: Callable[[SandboxInstance, Any], Any] | None = None, scale_down_after_s: float = 2.0,
                  backend: str | None = None, isolation: str = "sandbox",
-                 episodes_per_sandbox: int | None = None) -> None:
+                 episodes_per_sandbox: int | None = None, lease_s: float = 60.0) -> None:
         if isolation not in ISOLATIONS:
             raise errors.InvalidArgument(f"isolation={isolation!r} must be one of {', '.join(ISOLATIONS)}")
         if not isinstance(snapshot_id, str) or not snapshot_id:
@@ -123,6 +126,9 @@ class SandboxPool:
         self.scale_down_after_s = scale_down_after_s
         self._stream: _Stream | None = None
         self._remote = None
+        self.lease_s = lease_s
+        self._lease_stop = threading.Event()
+        self._lease_thread: threading.Thread | None = None
         if resolve_backend(backend) == "ray":
             from ..distributed import backend as ray_backend, config
             self._remote = ray_backend.RayPool(self, config())
@@ -139,14 +145,32 @@ class SandboxPool:
                 self._containers = EpisodePoolClient(
                     self._client, self.snapshot_id, max_concurrency=self.max_concurrency,
                     episodes_per_sandbox=self.episodes_per_sandbox, keep_warm_seconds=self.keep_warm_seconds,
-                    tags={"rollbox.pool": self.pool_id})
+                    tags={"rollbox.pool": self.pool_id}, lease_s=self.lease_s)
             return self._containers
+
+    def _hold_lease(self, warm_snapshot: str | None = None) -> None:
+        """Takes the daemon lease on this pool's sandboxes and keeps renewing it."""
+        body = {"lease_s": self.lease_s, "warm_snapshot": warm_snapshot}
+        with self._containers_lock:
+            self._client.request("PUT", f"/leases/{self.pool_id}", json=body)
+            if self._lease_thread is not None:
+                return
+            body = {"lease_s": self.lease_s, "warm_snapshot": None}
+            def renew() -> None:
+                while not self._lease_stop.wait(self.lease_s / 3):
+                    try:
+                        self._client.request("PUT", f"/leases/{self.pool_id}", json=body)
+                    except errors.RollboxError:
+                        continue  # a restarting daemon: the next renewal may get through
+            self._lease_thread = threading.Thread(target=renew, daemon=True, name=f"rollbox-lease-{self.pool_id}")
+            self._lease_thread.start()
 
     def start_warm(self) -> None:
         """Asks the daemon to keep `warm` sandboxes restored (done by `map` on first use)."""
         if self.isolation == "container":
             return  # pooled sandboxes are restored once each, on demand
         if self.warm and not self._warm_set:
+            self._hold_lease(self.snapshot_id)
             self._client.request("PUT", f"/snapshots/{self.snapshot_id}/warm",
                                  json={"count": self.warm, "idle_seconds": self.warm_idle_seconds})
             self._warm_set = True
@@ -182,6 +206,12 @@ class SandboxPool:
                 pass
             self._warm_set = False
         self._terminate_live()
+        self._lease_stop.set()
+        if self._lease_thread is not None:
+            try:
+                self._client.request("DELETE", f"/leases/{self.pool_id}")
+            except errors.RollboxError:
+                pass
 
     def _terminate_later(self, sb: SandboxInstance, status: str = "ok") -> None:
         def go() -> None:
@@ -206,6 +236,8 @@ class SandboxPool:
             if self.isolation == "container":
                 sb = self._container_pool().begin()
             else:
+                if self._lease_thread is None:
+                    self._hold_lease()
                 sb = Sandbox(keep_warm_seconds=self.keep_warm_seconds, client=self._client,
                              tags={"rollbox.pool": self.pool_id}).create_from_memory_snapshot(self.snapshot_id)
         except errors.RollboxError as e:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
 from .. import __version__, errors
 from .episode_routes import add_episode_routes
+from .leases import Leases, add_lease_routes
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .service import SandboxService
 
@@ -173,6 +174,7 @@ def create_app(service: SandboxService) -> FastAPI:
 
     app.add_middleware(TypedServerErrors)
     add_episode_routes(app, service, ExecRequest, WriteFile, PathRequest)
+    add_lease_routes(app, Leases(service))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -238,3 +238,46 @@ def test_heartbeats_keep_a_quiet_pool_open_gh19(snapshot_id: str) -> None:
         pool.end(c.container_id, "ok")
     finally:
         pool.close()
+
+
+LEASE_CLIENT = r"""
+import sys, time
+from rollbox import SandboxPool
+pool = SandboxPool(sys.argv[1], max_concurrency=2, warm=2, lease_s=2)
+pool.start_warm()
+fut = pool.submit(None, lambda sb, _t: time.sleep(600))
+print(pool.pool_id, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_dead_clients_pool_sandboxes_and_spares_end_with_its_lease_gh19(snapshot_id: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "client.py"
+    script.write_text(LEASE_CLIENT)
+    proc = subprocess.Popen([sys.executable, str(script), snapshot_id], stdout=subprocess.PIPE, env=os.environ.copy())
+    try:
+        pool_id = proc.stdout.readline().decode().strip()  # type: ignore[union-attr]
+        client = default_client()
+
+        def owned() -> list[str]:
+            return [s["sandbox_id"] for s in client.request("GET", "/sandboxes")
+                    if s["state"] == "running" and (s["tags"].get("rollbox.pool") == pool_id
+                                                    or s["tags"].get("rollbox.warm") == snapshot_id)]
+
+        deadline = time.monotonic() + 60
+        while not owned() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert owned(), "the client's pool never started its sandboxes"
+    finally:
+        proc.send_signal(signal.SIGKILL)  # the trainer dies: no close(), no terminate
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while owned() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert owned() == [], "sandboxes of a dead client's pool outlived its 2 s lease by 30 s"
