@@ -278,6 +278,10 @@ class EpisodePools:
             reply = await self.service.execfiles.agent_request(slot.sandbox_id, "container_destroy", DESTROY_WAIT_S,
                                                      cid=container_id)
             destroyed = bool(reply.get("ok", True))
+            if reply.get("leftovers"):
+                log.warning("episode pool %s: %s left %s processes behind in %s; retiring the sandbox", pool_id,
+                            container_id, reply["leftovers"], slot.sandbox_id)
+                destroyed = False
         except (AgentError, errors.RollboxError) as e:
             log.info("episode pool %s: destroying %s in %s: %s; retiring the sandbox", pool_id, container_id,
                      slot.sandbox_id, e)

@@ -67,6 +67,7 @@ class Container:
         self.spawned = False  # the serving init has started a command: no in-place run there
         self.inplace = None   # container_init.Running of the command running in place
         self.queue = []       # frames that arrived while it ran
+        self.pidns = set()    # PID namespace inodes its inits had (to check nothing is left)
 
 
 class _Proc:
@@ -109,6 +110,9 @@ class Zygote:
             _init_main(child, c)
         child.close()
         parent.setblocking(False)
+        ns = nsutil.pid_namespace(pid)
+        if ns is not None:
+            c.pidns.add(ns)
         c.init = (pid, parent)
         c.spawned = False
         self.by_fd[parent.fileno()] = [c, bytearray()]
@@ -170,7 +174,10 @@ class Zygote:
                 pass
             _reap(pid)
         nsutil.remove_filesystem(c.cid)
-        self.reply({"id": req.get("id"), "ok": True, "cid": c.cid, "killed": len(pids)})
+        # The kernel kills a PID namespace with its init; anything still in one is a leftover
+        # the daemon must not trust the pooled sandbox with (it replaces it).
+        left = [p for p in _pids() if nsutil.pid_namespace(p) in c.pidns] if c.pidns else []
+        self.reply({"id": req.get("id"), "ok": True, "cid": c.cid, "killed": len(pids), "leftovers": len(left)})
 
     def exec_in_place_or_forward(self, c, req, frame):
         env = dict(os.environ)
@@ -372,6 +379,10 @@ def _init_main(sock, c):
         init.run()
     finally:
         os._exit(0)
+
+
+def _pids():
+    return [int(n) for n in os.listdir("/proc") if n.isdigit()]
 
 
 def _write_all(fd, data):
