@@ -50,9 +50,9 @@ TRACES = {
     "file_root": ("echo x > /trace && echo x > /work/trace", "test -e /trace -o -e /work/trace && echo LEAK"),
     "file_removed": ("rm -rf /usr/bin/env /work", "test -e /usr/bin/env -a -d /work || echo LEAK"),
     "process": ("sleep 300 >/dev/null 2>&1 &", "ps -eo args | grep -q '^sleep 300' && echo LEAK"),
-    "process_setsid": ("setsid sh -c 'sleep 301' >/dev/null 2>&1 < /dev/null &",
+    "process_setsid": ("setsid sh -c 'sleep 301' >/dev/null 2>&1 < /dev/null & sleep 1",
                        "ps -eo args | grep -q '^sleep 301' && echo LEAK"),
-    "process_double_fork_env_cleared": ("(env -i setsid sh -c 'sleep 302 &' &) >/dev/null 2>&1",
+    "process_double_fork_env_cleared": ("(env -i setsid sh -c 'sleep 302 &' &) >/dev/null 2>&1; sleep 1",
                                         "ps -eo args | grep -q '^sleep 302' && echo LEAK"),
     "sysv_ipc": ("python3 -c 'import ctypes; l=ctypes.CDLL(None); assert l.shmget(0x5eed, 4096, 0o1600) >= 0 "
                  "and l.msgget(0x5eed, 0o1600) >= 0'",

@@ -99,9 +99,6 @@ _pool = Workers(0)  # replaced with a reserve of threads by main()
 _key = {"key": b""}
 # Where replies go: the daemon's channel (stdout), or an episode container's socket (zygote.py).
 _out_fd = 1
-# op_exec's process starter: None is subprocess.Popen; zygote.py installs its warm-Python
-# launcher in episode containers (returns None for commands it does not take).
-_launcher = None
 MAX_FRAME = 1024 * 1024 * 1024
 # An exec whose tree holds this many processes when it is killed ran into RLIMIT_NPROC (which
 # counts every task of the sandbox, threads included; a bomb's tree, seen while it churns, was
@@ -301,9 +298,8 @@ def op_exec(req):
     start = time.monotonic()
     try:
         with _children_lock:
-            proc = _launcher(argv, env, cwd, stdin_data is not None, req.get("user")) if _launcher else None
             # Popen uses vfork here (no preexec_fn): far cheaper under gVisor than fork().
-            proc = proc or subprocess.Popen(
+            proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 cwd=cwd, env=env, start_new_session=True, restore_signals=True, **_user_kwargs(req.get("user")),
             )
@@ -564,27 +560,24 @@ def load_key():
 
 
 def start_workers():
-    """The worker threads and the reaper: started by main(), or by a container's init after
-    the zygote's fork (threads do not survive fork)."""
+    """The worker threads and the reaper (started once the launcher is forked: threads do
+    not survive fork)."""
     global _pool
     _pool = Workers(4)
     threading.Thread(target=reaper, daemon=True).start()
 
 
-def serve(fd, strip_prefix=None, relay=None):
+def serve(fd, relay=None):
     """Reads signed request frames from `fd` forever and runs each on a worker.
 
-    strip_prefix: in an episode container, requests arrive as `container_<op>`: run <op>.
-    relay: in the sandbox's init, a callable taking the raw frame of a `container_*` request
-    (zygote.py serves those)."""
+    relay: a callable taking the raw frame of a `container_*` request (zygote.py serves
+    those)."""
     while True:
         try:
             hdr = read_exact(fd, 4)
         except OSError:
             hdr = None
         if hdr is None:
-            if strip_prefix:
-                return  # a container's channel closed: the zygote destroyed it
             # The daemon closed its end (restarting): wait for it to come back.
             time.sleep(0.1)
             continue
@@ -608,12 +601,9 @@ def serve(fd, strip_prefix=None, relay=None):
         except ValueError:
             continue
         op = req["op"]
-        if isinstance(op, str) and op.startswith("container_"):
-            if strip_prefix:
-                req["op"] = op[len(strip_prefix):]
-            elif relay is not None:
-                relay(hdr + frame, req)
-                continue
+        if relay is not None and isinstance(op, str) and op.startswith("container_"):
+            relay(hdr + frame, req)
+            continue
         _pool.submit(handle, req)
 
 

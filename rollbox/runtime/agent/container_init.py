@@ -118,6 +118,41 @@ class Running:
         }
 
 
+def wait_and_pump(running, extra_fds, wake_fd, reap):
+    """One turn of a single-threaded exec loop: select() on `extra_fds` and the pipes of the
+    `running` execs (until the nearest deadline), drain the SIGCHLD wake-up pipe, `reap()`,
+    then read output and feed stdin. Returns the readable fds among `extra_fds`."""
+    now = time.monotonic()
+    rfds = [*extra_fds, wake_fd]
+    wfds = []
+    wait = 1.0
+    for r in running:
+        rfds.extend(r.open)
+        if r.pending is not None:
+            wfds.append(r.stdin.fileno())
+        if r.deadline is not None:
+            wait = min(wait, max(0.0, r.deadline - now))
+        if r.status is not None:
+            wait = min(wait, AFTER_EXIT_S)
+    try:
+        readable, writable, _ = select.select(rfds, wfds, [], wait)
+    except InterruptedError:
+        readable, writable = [], []
+    if wake_fd in readable:
+        try:
+            os.read(wake_fd, 4096)
+        except OSError:
+            pass
+    reap()
+    for r in running:
+        for fd in list(r.open):
+            if fd in readable:
+                r.take(fd)
+        if r.stdin is not None and r.stdin.fileno() in writable:
+            r.feed()
+    return [fd for fd in readable if fd in extra_fds]
+
+
 class ContainerInit:
     """Serves one container's requests on `sock` (fds 0/1) until the zygote closes it."""
 
@@ -258,34 +293,7 @@ class ContainerInit:
     def run(self):
         os.set_blocking(0, False)
         while True:
-            now = time.monotonic()
-            rfds = [0, self.wake_r]
-            wfds = []
-            wait = 1.0
-            for r in self.running.values():
-                rfds.extend(r.open)
-                if r.pending is not None:
-                    wfds.append(r.stdin.fileno())
-                if r.deadline is not None:
-                    wait = min(wait, max(0.0, r.deadline - now))
-                if r.status is not None:
-                    wait = min(wait, AFTER_EXIT_S)
-            try:
-                readable, writable, _ = select.select(rfds, wfds, [], wait)
-            except InterruptedError:
-                readable, writable = [], []
-            if self.wake_r in readable:
-                try:
-                    os.read(self.wake_r, 4096)
-                except OSError:
-                    pass
-            self.reap()
-            for r in list(self.running.values()):
-                for fd in list(r.open):
-                    if fd in readable:
-                        r.take(fd)
-                if r.stdin is not None and r.stdin.fileno() in writable:
-                    r.feed()
+            readable = wait_and_pump(list(self.running.values()), [0], self.wake_r, self.reap)
             if 0 in readable and not self.read_requests():
                 os._exit(0)
             now = time.monotonic()

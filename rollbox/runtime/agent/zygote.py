@@ -306,40 +306,8 @@ class Zygote:
 
     def run(self):
         while True:
-            now = time.monotonic()
-            rfds = [0, self.wake_r, *self.by_fd]
-            wfds = []
-            wait = 1.0
-            for c in self.containers.values():
-                r = c.inplace
-                if r is None:
-                    continue
-                rfds.extend(r.open)
-                if r.pending is not None:
-                    wfds.append(r.stdin.fileno())
-                if r.deadline is not None:
-                    wait = min(wait, max(0.0, r.deadline - now))
-                if r.status is not None:
-                    wait = min(wait, container_init.AFTER_EXIT_S)
-            try:
-                readable, writable, _ = select.select(rfds, wfds, [], wait)
-            except InterruptedError:
-                readable, writable = [], []
-            if self.wake_r in readable:
-                try:
-                    os.read(self.wake_r, 4096)
-                except OSError:
-                    pass
-            self.reap()
-            for c in list(self.containers.values()):
-                r = c.inplace
-                if r is None:
-                    continue
-                for fd in list(r.open):
-                    if fd in readable:
-                        r.take(fd)
-                if r.stdin is not None and r.stdin.fileno() in writable:
-                    r.feed()
+            running = [c.inplace for c in self.containers.values() if c.inplace is not None]
+            readable = container_init.wait_and_pump(running, [0, *self.by_fd], self.wake_r, self.reap)
             for fd in readable:
                 if fd in self.by_fd:
                     self.from_init(fd)
