@@ -21,7 +21,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -31,6 +31,7 @@ import cloudpickle
 
 from .. import errors
 from ..config import Paths
+from ..sdk.backends import EpisodeFn, PoolSpec
 from ..sdk.pool import reward_of
 from ..types import EpisodeResult
 from . import transfer
@@ -38,7 +39,6 @@ from .node import POOL_NOT_OPEN, Attempt, NodeDaemon, NodeInfo
 
 if TYPE_CHECKING:
     from ..sdk.function import Function
-    from ..sdk.pool import SandboxPool
 
 log = logging.getLogger("rollbox.distributed")
 ACTOR_MAX_CONCURRENCY = 1000  # threads of a node actor: episodes in flight there, plus control calls
@@ -179,9 +179,10 @@ class Cluster:
 
 
 class RayPool:
-    """The Ray side of one `SandboxPool(..., backend="ray")`; built and driven by it."""
+    """The Ray side of one `SandboxPool(..., backend="ray")` (a `rollbox.sdk.backends.PoolBackend`);
+    built from the pool's `PoolSpec` and driven by the pool."""
 
-    def __init__(self, pool: "SandboxPool", config: RayConfig) -> None:
+    def __init__(self, pool: PoolSpec, config: RayConfig) -> None:
         self.pool = pool
         self.config = config
         self.cluster: Cluster | None = None
@@ -192,7 +193,7 @@ class RayPool:
         if self.cluster is None:
             self.cluster = Cluster(self.config)
         c = self.cluster
-        c.ship_snapshot(self.pool._client.paths, self.pool.snapshot_id)
+        c.ship_snapshot(self.pool.client.paths, self.pool.snapshot_id)
         self._open_on(c, [n for n in c.actors if n not in self._opened])
         return c
 
@@ -212,7 +213,7 @@ class RayPool:
         pref = pref or [n for n in nodes if n not in avoid] or nodes
         return min(pref, key=lambda n: (load.get(n, 0) / max(c.info[n].cpu, 1.0), load.get(n, 0)))
 
-    def map(self, fn: Callable[[Any, Any], Any], tasks: Iterable[Any], *, timeout: float | None, retries: int,
+    def map(self, fn: EpisodeFn, tasks: Iterable[Any], *, timeout: float | None, retries: int,
             ordered: bool, progress: bool | None) -> Iterator[EpisodeResult]:
         """`SandboxPool.map` over the cluster; same arguments, results and errors."""
         items = list(tasks)

@@ -34,6 +34,7 @@ from rollbox.client.transport import Client, daemon_running, stop_daemon  # noqa
 from rollbox.config import DEFAULT_HOME, Paths  # noqa: E402
 from rollbox.distributed import transfer  # noqa: E402
 from rollbox.images.debian import DEBIAN_IMAGE_ID  # noqa: E402
+from rollbox.sdk.backends import set_default_backend  # noqa: E402
 from rollbox.sdk.sandbox import default_client  # noqa: E402
 
 pytestmark = pytest.mark.system
@@ -149,6 +150,7 @@ def cluster() -> Iterator[dict[str, str]]:
         yield ids
     finally:
         rollbox.distributed._configured.clear()
+        set_default_backend(None)  # undo rollbox.init()
         if ray.is_initialized():
             ray.shutdown()
         _stop_ray(temp_dir)
