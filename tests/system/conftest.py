@@ -1,8 +1,9 @@
 """System tests: real gVisor sandboxes through the SDK and the local daemon.
 
 They need root and runsc (`make setup`); without them they are skipped with the reason.
-Every sandbox a test makes is terminated at teardown, and test_zz_leaks.py checks last that
-nothing a sandbox made is left on the host.
+tests/conftest.py marks them `system`. Every sandbox a test makes is terminated at teardown,
+and at the end of the session tests/conftest.py checks (leaks.py) that nothing a sandbox made
+is left on the host.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ from rollbox.runtime import cgroups
 
 if os.geteuid() != 0 or shutil.which("runsc") is None:
     pytest.skip("system tests need root and gVisor runsc (run `make setup`)", allow_module_level=True)
-
-pytestmark = pytest.mark.system
 
 
 @pytest.fixture(scope="session")
