@@ -18,6 +18,8 @@ import os
 import shutil
 from pathlib import Path
 
+import psutil
+
 from ..config import DEFAULT_PLATFORM, PLATFORMS, RUNSC_INSTALL_HINT, platform_from_env
 from ..errors import RuntimeMissing
 from .driver import RunResult, run_command, spawn_detached
@@ -29,23 +31,26 @@ NETNS_WRAPPER = ("unshare", "--mount", "--propagation", "private", "/bin/sh", "-
                  'mount -t tmpfs rollbox-netns /proc/sys/net && exec "$@"', "rollbox-runsc")
 
 
-def _runsc_role(pid: int | str, container_id: str) -> str | None:
-    """"sandbox" or "gofer" when `pid` is that runsc process of `container_id` (runsc names
+def _role_in(argv: list[str] | None, container_id: str) -> str | None:
+    """"sandbox" or "gofer" when `argv` is that runsc process of `container_id` (runsc names
     them runsc-sandbox / runsc-gofer and passes the id on their command line), else None."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except OSError:
-        return None
-    if argv[0] in (b"runsc-sandbox", b"runsc-gofer") and any(container_id.encode() in a for a in argv):
-        return argv[0].decode().removeprefix("runsc-")
+    if argv and argv[0] in ("runsc-sandbox", "runsc-gofer") and any(container_id in a for a in argv):
+        return argv[0].removeprefix("runsc-")
     return None
+
+
+def _runsc_role(pid: int, container_id: str) -> str | None:
+    """`_role_in` for one pid (None when it is gone or unreadable)."""
+    try:
+        return _role_in(psutil.Process(pid).cmdline(), container_id)
+    except psutil.Error:
+        return None
 
 
 def runsc_processes(container_id: str) -> list[tuple[int, str]]:
     """(pid, "sandbox" | "gofer") of the runsc processes that serve one container, found by
-    scanning every process's command line."""
-    found = ((int(name), _runsc_role(name, container_id)) for name in os.listdir("/proc") if name.isdigit())
+    scanning every process's command line (psutil)."""
+    found = ((p.pid, _role_in(p.info["cmdline"], container_id)) for p in psutil.process_iter(["cmdline"]))
     return [(pid, role) for pid, role in found if role is not None]
 
 

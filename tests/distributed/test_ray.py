@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 if os.geteuid() != 0 or shutil.which("runsc") is None:
@@ -188,12 +189,7 @@ def host_traces(paths: Paths, sandbox_id: str) -> list[str]:
     out = [f"dir {paths.sandboxes / sandbox_id}"] if (paths.sandboxes / sandbox_id).exists() else []
     with open("/proc/self/mounts") as f:
         out += [f"mount {line.split()[1]}" for line in f if sandbox_id in line.split()[1]]
-    for pid in os.listdir("/proc"):
-        try:
-            if pid.isdigit() and cid.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append(f"process {pid}")
-        except OSError:
-            pass
+    out += [f"process {p.pid}" for p in psutil.process_iter(["cmdline"]) if any(cid in a for a in p.info["cmdline"] or ())]
     return out
 
 

@@ -14,6 +14,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from rollbox import Image, Sandbox, SandboxInstance
@@ -91,13 +92,11 @@ def counter(sb: SandboxInstance) -> int:
 
 
 def proc_cmdlines() -> Iterator[tuple[int, list[bytes]]]:
-    """(pid, argv) of every process readable in /proc now."""
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                yield int(name), Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                pass
+    """(pid, argv as bytes) of every process whose command line is readable now (psutil)."""
+    for p in psutil.process_iter(["cmdline"]):
+        argv = p.info["cmdline"]
+        if argv:
+            yield p.pid, [os.fsencode(a) for a in argv]
 
 
 def runsc_pids(home: Paths, roles: tuple[bytes, ...] = (b"runsc-sandbox", b"runsc-gofer")) -> list[int]:
