@@ -392,7 +392,8 @@ def apply_layer(src: BinaryIO, dest: Path, media_type: str, expected_digest: str
     if compression == "gzip":
         stream = gzip.GzipFile(fileobj=packed, mode="rb")  # type: ignore[call-overload]
     elif compression == "zstd":
-        stream = zstandard.ZstdDecompressor().stream_reader(packed, read_across_frames=True)
+        # zstandard reads any object with read(), as gzip does.
+        stream = zstandard.ZstdDecompressor().stream_reader(packed, read_across_frames=True)  # type: ignore[arg-type]
     # An uncompressed layer with a digest of the same algorithm is hashed once: digest == diff_id.
     plain = packed if stream is packed and dalgo == algo else _Digesting(stream, algo, corrupt)
     plain.keep_tail = 2 * TAR_BUFSIZE
