@@ -49,6 +49,13 @@ CONTROL_TIMEOUT_S = 120.0
 # queue wait for a start slot on the node and its teardown fit well inside.
 ATTEMPT_GRACE_S = 300.0
 WAIT_TICK_S = 1.0  # how often the driver looks for overdue attempts
+# The node actor handles this process created, by node id, kept and reused for the life of the
+# process: Ray ends a (non-detached) actor once its creator's handle is dropped (a handle got
+# again by name does not keep it), and the node's daemon with it (Ray kills a dead worker's
+# child processes), so the end of a pool must not end its nodes' actors. (A SandboxPool and its
+# RayPool used to hold each other, so their handles lived until the garbage collector happened
+# to run: the actors and daemons died at a random moment after each pool.)
+_node_handles: dict[str, Any] = {}
 
 
 @dataclass(frozen=True)
@@ -112,24 +119,33 @@ class Cluster:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         actor_cls = self.ray.remote(NodeDaemon)
-        new: dict[str, Any] = {}
-        for n in self.ray.nodes():
+
+        def make(n: dict[str, Any]) -> Any:
             nid = n["NodeID"]
-            if not n.get("Alive") or nid in self.actors:
-                continue
-            new[nid] = actor_cls.options(
+            return actor_cls.options(
                 name=f"rollbox-node-{nid}", get_if_exists=True, num_cpus=0, max_restarts=-1,
                 max_concurrency=ACTOR_MAX_CONCURRENCY,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
             ).remote(None, nid, {k: float(v) for k, v in n.get("Resources", {}).items()})
+
+        new = {n["NodeID"]: n for n in self.ray.nodes() if n.get("Alive") and n["NodeID"] not in self.actors}
         failures = []
-        for nid, h in new.items():
-            try:
-                self.info[nid] = self.ray.get(h.info.remote(), timeout=CONTROL_TIMEOUT_S + 60)
-                self.actors[nid] = h
-            except Exception as e:  # noqa: BLE001 - one node failing must not stop the others
-                log.warning("node %s cannot run rollbox: %s", nid, e)
-                failures.append(f"{nid[:12]}: {e}")
+        for nid, node in new.items():
+            kept = _node_handles.get(nid)
+            # A kept handle may belong to an earlier Ray session (ray.shutdown, init again):
+            # then it fails, and a new actor is made.
+            for h in ([kept] if kept is not None else []) + [None]:
+                try:
+                    if h is None:
+                        h = _node_handles[nid] = make(node)
+                    self.info[nid] = self.ray.get(h.info.remote(), timeout=CONTROL_TIMEOUT_S + 60)
+                    self.actors[nid] = h
+                    break
+                except Exception as e:  # noqa: BLE001 - one node failing must not stop the others
+                    if kept is not None and h is kept:
+                        continue
+                    log.warning("node %s cannot run rollbox: %s", nid, e)
+                    failures.append(f"{nid[:12]}: {e}")
         if not self.actors:
             raise errors.DaemonUnavailable("no Ray node could start a rollbox daemon (each node needs root, runsc "
                                            "and rollbox installed): " + "; ".join(failures)[:1500])

@@ -105,6 +105,9 @@ class NodeDaemon:
         self._generation = 0
         self._restarts = 0
         self._pools: dict[str, SandboxPool] = {}
+        # Every pool id this actor has served, closed ones too: a pool closed while the daemon
+        # was down could not end its sandboxes, and the restarted daemon re-adopts them.
+        self._served: set[str] = set()
         self._start_daemon()
         self._ready.set()
         self._watcher = threading.Thread(target=self._supervise, daemon=True, name="rollbox-node-supervisor")
@@ -140,9 +143,10 @@ class NodeDaemon:
             self._ready.set()
 
     def _terminate_pool_sandboxes(self) -> None:
-        """Ends every sandbox of this actor's pools: after a restart they belong to lost episodes."""
+        """Ends every sandbox of the pools this actor served (open or closed since): after a
+        restart they belong to lost episodes."""
         with self._lock:
-            pool_ids = set(self._pools)
+            pool_ids = set(self._served)
         for info in self._client.request("GET", "/sandboxes"):
             if info.get("tags", {}).get("rollbox.pool") in pool_ids:
                 try:
@@ -189,6 +193,7 @@ class NodeDaemon:
                                warm_idle_seconds=warm_idle_seconds, client=self._client, backend="local")
             pool.pool_id = pool_id  # the driver's id: its sandboxes carry it as their tag
             self._pools[pool_id] = pool
+            self._served.add(pool_id)
         pool.start_warm()
 
     def close_pool(self, pool_id: str) -> None:
