@@ -7,7 +7,7 @@ STAMPS := .stamps
 ROLLBOX_HOME ?= /var/lib/rollbox
 export ROLLBOX_HOME
 
-.PHONY: setup host venv agent base-image demo test test-unit test-system bench bench-quick bench-smoke soak gpu-check clean-state doctor typecheck
+.PHONY: setup host venv agent base-image demo lint-imports test test-unit test-system bench bench-quick bench-smoke soak gpu-check clean-state doctor typecheck
 
 setup: host venv base-image
 
@@ -51,10 +51,14 @@ demo: setup
 doctor: $(STAMPS)/venv
 	$(VENV)/bin/rollbox doctor
 
-test: setup
+# The import contracts (pyproject.toml [tool.importlinter]) first: a broken one fails the run.
+lint-imports: $(STAMPS)/venv
+	$(VENV)/bin/lint-imports --no-cache
+
+test: setup lint-imports
 	$(VENV)/bin/python -m pytest tests -q
 
-test-unit: venv
+test-unit: venv lint-imports
 	$(VENV)/bin/python -m pytest tests/unit -q
 	CARGO_TARGET_DIR=$(CURDIR)/build/agent-target cargo test --quiet --offline --manifest-path $(AGENT_SRC)/Cargo.toml || ! command -v cargo >/dev/null
 

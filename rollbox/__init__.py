@@ -3,9 +3,10 @@
     from rollbox import Sandbox, Image, SandboxPool
 """
 
-__version__ = "0.1.0"
+from .version import __version__
 
 from .errors import (  # noqa: E402
+    ApiError,
     DaemonUnavailable,
     FileNotFoundInSandbox,
     FunctionTimeout,
@@ -38,6 +39,7 @@ from .sdk.volume import Volume  # noqa: E402
 from .types import EpisodeResult, ExecResult, FileEntry, SandboxInfo  # noqa: E402
 
 __all__ = [
+    "ApiError",
     "DaemonUnavailable",
     "EpisodeResult",
     "ExecResult",

@@ -7,7 +7,32 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import InvalidArgument
+
 DEFAULT_HOME = "/var/lib/rollbox"
+# gVisor platforms that work on this machine kind (PLATFORM.md: kvm hangs on its kvm_pvm).
+# Measured here with runsc 20240729 (bench/bench.py, README "Platforms"): systrap costs an idle
+# sandbox ~5% of a core (upstream google/gvisor#10793, #13361) but runs syscalls ~10x faster;
+# ptrace idles at ~0% and spawns processes slightly faster. Both checkpoint and restore.
+PLATFORMS = ("systrap", "ptrace")
+DEFAULT_PLATFORM = "systrap"
+RUNSC_INSTALL_HINT = (
+    "install gVisor from bookworm-backports: add the 'bookworm-backports' suite to apt's "
+    "sources, then `apt-get install -t bookworm-backports runsc` (or run `make setup`)"
+)
+
+
+def platform_from_env(value: str | None = None) -> str:
+    """The gVisor platform named by `value` or ROLLBOX_PLATFORM (default systrap).
+
+    Raises:
+        InvalidArgument: a platform not in PLATFORMS.
+    """
+    name = (value if value is not None else os.environ.get("ROLLBOX_PLATFORM", "")).strip() or DEFAULT_PLATFORM
+    if name not in PLATFORMS:
+        raise InvalidArgument(f"unknown gVisor platform {name!r} (ROLLBOX_PLATFORM / --platform): "
+                              f"use one of {', '.join(PLATFORMS)}")
+    return name
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,22 @@
 """Test-session set-up shared by every tier.
 
+Tiers are the directories under tests/, and each test is marked with its tier here
+(`pytest_collection_modifyitems`): `unit`, `system`, `security`, `load`, `distributed`. Every
+tier but `unit` needs root and runsc and is also marked `system`, so `pytest -m "not system"`
+(or `-m unit`) runs the fast tier alone, without root.
+
 The suite never touches the user's state: it runs its own daemon on its own state directory
 (`ROLLBOX_TEST_HOME`, default /var/lib/rollbox-test), whose base image is hard-linked from the
-user's (`ROLLBOX_HOME`, built by `make setup`) or built once. The test daemon is stopped at
-the end of the session; sandboxes and snapshots the user made are never seen.
+user's (`ROLLBOX_HOME`, built by `make setup`) or built once. At the end of a session that ran
+real sandboxes, `check_no_leftovers` looks on the host for anything a test sandbox made and
+fails the run when it finds some; then the test daemon is stopped. Sandboxes and snapshots the
+user made are never seen.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +24,11 @@ from pathlib import Path
 import pytest
 
 from rollbox.config import DEFAULT_HOME
+
+from tests.system.leaks import check_no_leftovers
+
+TESTS = Path(__file__).parent
+TIERS = ("unit", "system", "security", "load", "distributed")
 
 USER_HOME = Path(os.environ.get("ROLLBOX_HOME", DEFAULT_HOME))
 TEST_HOME = Path(os.environ.get("ROLLBOX_TEST_HOME", "/var/lib/rollbox-test"))
@@ -49,10 +62,28 @@ def _provision_base_image() -> None:
     store.ensure_debian()
 
 
+def tier_of(item: pytest.Item) -> str | None:
+    """The tier (the directory under tests/) a collected test belongs to, or None."""
+    try:
+        top = item.path.relative_to(TESTS).parts[0]
+    except (ValueError, IndexError):
+        return None
+    return top if top in TIERS else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = tier_of(item)
+        if tier is None:
+            continue
+        item.add_marker(getattr(pytest.mark, tier))
+        if tier != "unit":
+            item.add_marker(pytest.mark.system)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _test_home(request: pytest.FixtureRequest) -> Iterator[Path]:
-    needs_system = any(any(f"tests/{tier}" in str(item.fspath) for tier in ("system", "security", "distributed"))
-                       for item in request.session.items)
+    needs_system = any(item.get_closest_marker("system") is not None for item in request.session.items)
     if needs_system and os.geteuid() == 0:
         _provision_base_image()
     yield TEST_HOME
@@ -60,4 +91,10 @@ def _test_home(request: pytest.FixtureRequest) -> Iterator[Path]:
         from rollbox.client.transport import stop_daemon
         from rollbox.config import Paths
 
-        stop_daemon(Paths(TEST_HOME))
+        try:
+            # Last of the session's fixtures to end (the first set up), so every other
+            # fixture's sandboxes are gone by now: what is left leaked.
+            if os.geteuid() == 0 and shutil.which("runsc") is not None:
+                check_no_leftovers(Paths(TEST_HOME))
+        finally:
+            stop_daemon(Paths(TEST_HOME))

@@ -8,8 +8,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Paths
-from ..runtime.runsc import INSTALL_HINT
+from ..config import RUNSC_INSTALL_HINT as INSTALL_HINT, Paths
 
 
 @dataclass(frozen=True)

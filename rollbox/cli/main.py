@@ -7,12 +7,15 @@ import os
 import sys
 import time
 from dataclasses import asdict
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from .. import errors
 from ..config import Paths
+
+if TYPE_CHECKING:
+    from ..client.transport import Client
 
 app = typer.Typer(help="rollbox: gVisor sandboxes for RL rollouts.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -28,8 +31,8 @@ app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(demo_app, name="demo")
 
 
-def _client():  # type: ignore[no-untyped-def]
-    from ..sdk.sandbox import default_client
+def _client() -> "Client":
+    from ..client.default import default_client
     return default_client()
 
 
@@ -41,8 +44,8 @@ def serve(listen: str = typer.Option("", help="also serve on TCP at HOST:PORT fo
                                                 "(default; fast syscalls, ~5% of a core per idle sandbox) or "
                                                 "ptrace (idles at ~0%, syscalls ~10x slower); env ROLLBOX_PLATFORM")) -> None:
     """Run the daemon in the foreground (the SDK starts one on demand)."""
-    from ..runtime.runsc import platform_from_env
-    from ..server.daemon import serve as _serve
+    from ..config import platform_from_env
+    from ..server.daemon import serve as _serve  # this command runs the daemon: the one server import
     if platform:
         os.environ["ROLLBOX_PLATFORM"] = platform_from_env(platform)
     _serve(Paths.from_env(), listen or None)
@@ -188,8 +191,8 @@ def volume_get(name: str, path: str, local: str = typer.Argument("-", help="loca
 @volume_app.command("rm")
 def volume_rm(name: str) -> None:
     """Delete a volume (refused while a sandbox mounts it)."""
-    from ..volumes.store import check_name
-    _client().request("DELETE", f"/volumes/{check_name(name)}")
+    from ..names import check_volume_name
+    _client().request("DELETE", f"/volumes/{check_volume_name(name)}")
     print(name)
 
 
@@ -221,7 +224,7 @@ def daemon_restart(platform: str = typer.Option("", help="gVisor platform of the
     platform unless --platform says otherwise. The new one serves the local socket only: run
     `rollbox serve --listen ...` yourself for a TCP listener."""
     from ..client.transport import Client, stop_daemon
-    from ..runtime.runsc import platform_from_env
+    from ..config import platform_from_env
     try:
         running = Client(autostart=False).request("GET", "/health").get("platform") or ""
     except errors.DaemonUnavailable:
@@ -238,12 +241,9 @@ def daemon_restart(platform: str = typer.Option("", help="gVisor platform of the
 
 @image_app.command("build-base")
 def image_build_base() -> None:
-    """Build (once) the default Debian base image."""
-    from ..images.store import ImageStore
-    paths = Paths.from_env()
-    paths.ensure()
+    """Build (once) the default Debian base image (the daemon builds it; this waits)."""
     t = time.monotonic()
-    image_id = ImageStore(paths.images).ensure_debian()
+    image_id = _client().request("POST", "/images/debian")["image_id"]
     print(f"{image_id} ready ({time.monotonic() - t:.1f} s)")
 
 

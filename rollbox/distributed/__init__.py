@@ -1,8 +1,9 @@
 """Many machines: rollbox on a Ray cluster, one rollbox daemon per node (see backend.py).
 
-Importing this package does not import Ray; `init()` does. `init()` is the one process-wide
-setting of the SDK: it makes `backend="ray"` the default of `SandboxPool` and `@function`
-in this process, the way `ray.init()` itself is process-wide.
+Importing this package does not import Ray; `init()` does. Importing it registers the "ray"
+backend with the SDK (`rollbox.sdk.backends.register_backend`: the SDK never imports this
+package), and `init()` makes it the default of `SandboxPool` and `@function` in this process
+(`set_default_backend`), the way `ray.init()` itself is process-wide.
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import errors
+from ..sdk import backends
+from ..sdk.backends import resolve_backend
 
 if TYPE_CHECKING:
+    from ..sdk.backends import PoolBackend, PoolSpec
+    from ..sdk.function import Function
     from .backend import RayConfig
 
-BACKENDS = ("local", "ray")
+NAME = "ray"
 # Set by init(): [RayConfig]. A list, so that there is no rebinding of a module global.
 _configured: list["RayConfig"] = []
 
@@ -42,19 +46,7 @@ def init(address: str | None = None, *, transfer_dir: str | Path | None = None, 
         ray_kwargs.setdefault("log_to_driver", False)
         ray.init(address=address, **ray_kwargs)
     _configured[:] = [RayConfig(address, Path(transfer_dir) if transfer_dir is not None else None)]
-
-
-def resolve_backend(backend: str | None) -> str:
-    """`backend` checked, or the default: "ray" after `init()`, else "local".
-
-    Raises:
-        InvalidArgument: not one of "local", "ray".
-    """
-    if backend is None:
-        return "ray" if _configured else "local"
-    if backend not in BACKENDS:
-        raise errors.InvalidArgument(f"backend={backend!r} must be one of {', '.join(map(repr, BACKENDS))}")
-    return backend
+    backends.set_default_backend(NAME)
 
 
 def config() -> "RayConfig":
@@ -64,4 +56,20 @@ def config() -> "RayConfig":
     return _configured[0] if _configured else RayConfig()
 
 
-__all__ = ["init", "resolve_backend", "config"]
+class RayBackend:
+    """The "ray" backend of the SDK (`rollbox.sdk.backends.Backend`); imports Ray on first use."""
+
+    def open_pool(self, spec: "PoolSpec") -> "PoolBackend":
+        from .backend import RayPool
+
+        return RayPool(spec, config())
+
+    def call_function(self, fn: "Function[Any]", args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from .backend import call_function
+
+        return call_function(config(), fn, args, kwargs)
+
+
+backends.register_backend(NAME, RayBackend())
+
+__all__ = ["RayBackend", "init", "resolve_backend", "config"]

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -31,6 +31,7 @@ import cloudpickle
 
 from .. import errors
 from ..config import Paths
+from ..sdk.backends import EpisodeFn, PoolSpec
 from ..sdk.pool import reward_of
 from ..types import EpisodeResult
 from . import transfer
@@ -38,7 +39,6 @@ from .node import POOL_NOT_OPEN, Attempt, NodeDaemon, NodeInfo
 
 if TYPE_CHECKING:
     from ..sdk.function import Function
-    from ..sdk.pool import SandboxPool
 
 log = logging.getLogger("rollbox.distributed")
 ACTOR_MAX_CONCURRENCY = 1000  # threads of a node actor: episodes in flight there, plus control calls
@@ -49,6 +49,13 @@ CONTROL_TIMEOUT_S = 120.0
 # queue wait for a start slot on the node and its teardown fit well inside.
 ATTEMPT_GRACE_S = 300.0
 WAIT_TICK_S = 1.0  # how often the driver looks for overdue attempts
+# The node actor handles this process created, by node id, kept and reused for the life of the
+# process: Ray ends a (non-detached) actor once its creator's handle is dropped (a handle got
+# again by name does not keep it), and the node's daemon with it (Ray kills a dead worker's
+# child processes), so the end of a pool must not end its nodes' actors. (A SandboxPool and its
+# RayPool used to hold each other, so their handles lived until the garbage collector happened
+# to run: the actors and daemons died at a random moment after each pool.)
+_node_handles: dict[str, Any] = {}
 
 
 @dataclass(frozen=True)
@@ -112,24 +119,33 @@ class Cluster:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         actor_cls = self.ray.remote(NodeDaemon)
-        new: dict[str, Any] = {}
-        for n in self.ray.nodes():
+
+        def make(n: dict[str, Any]) -> Any:
             nid = n["NodeID"]
-            if not n.get("Alive") or nid in self.actors:
-                continue
-            new[nid] = actor_cls.options(
+            return actor_cls.options(
                 name=f"rollbox-node-{nid}", get_if_exists=True, num_cpus=0, max_restarts=-1,
                 max_concurrency=ACTOR_MAX_CONCURRENCY,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
             ).remote(None, nid, {k: float(v) for k, v in n.get("Resources", {}).items()})
+
+        new = {n["NodeID"]: n for n in self.ray.nodes() if n.get("Alive") and n["NodeID"] not in self.actors}
         failures = []
-        for nid, h in new.items():
-            try:
-                self.info[nid] = self.ray.get(h.info.remote(), timeout=CONTROL_TIMEOUT_S + 60)
-                self.actors[nid] = h
-            except Exception as e:  # noqa: BLE001 - one node failing must not stop the others
-                log.warning("node %s cannot run rollbox: %s", nid, e)
-                failures.append(f"{nid[:12]}: {e}")
+        for nid, node in new.items():
+            kept = _node_handles.get(nid)
+            # A kept handle may belong to an earlier Ray session (ray.shutdown, init again):
+            # then it fails, and a new actor is made.
+            for h in ([kept] if kept is not None else []) + [None]:
+                try:
+                    if h is None:
+                        h = _node_handles[nid] = make(node)
+                    self.info[nid] = self.ray.get(h.info.remote(), timeout=CONTROL_TIMEOUT_S + 60)
+                    self.actors[nid] = h
+                    break
+                except Exception as e:  # noqa: BLE001 - one node failing must not stop the others
+                    if kept is not None and h is kept:
+                        continue
+                    log.warning("node %s cannot run rollbox: %s", nid, e)
+                    failures.append(f"{nid[:12]}: {e}")
         if not self.actors:
             raise errors.DaemonUnavailable("no Ray node could start a rollbox daemon (each node needs root, runsc "
                                            "and rollbox installed): " + "; ".join(failures)[:1500])
@@ -179,9 +195,10 @@ class Cluster:
 
 
 class RayPool:
-    """The Ray side of one `SandboxPool(..., backend="ray")`; built and driven by it."""
+    """The Ray side of one `SandboxPool(..., backend="ray")` (a `rollbox.sdk.backends.PoolBackend`);
+    built from the pool's `PoolSpec` and driven by the pool."""
 
-    def __init__(self, pool: "SandboxPool", config: RayConfig) -> None:
+    def __init__(self, pool: PoolSpec, config: RayConfig) -> None:
         self.pool = pool
         self.config = config
         self.cluster: Cluster | None = None
@@ -192,7 +209,7 @@ class RayPool:
         if self.cluster is None:
             self.cluster = Cluster(self.config)
         c = self.cluster
-        c.ship_snapshot(self.pool._client.paths, self.pool.snapshot_id)
+        c.ship_snapshot(self.pool.client.paths, self.pool.snapshot_id)
         self._open_on(c, [n for n in c.actors if n not in self._opened])
         return c
 
@@ -212,7 +229,7 @@ class RayPool:
         pref = pref or [n for n in nodes if n not in avoid] or nodes
         return min(pref, key=lambda n: (load.get(n, 0) / max(c.info[n].cpu, 1.0), load.get(n, 0)))
 
-    def map(self, fn: Callable[[Any, Any], Any], tasks: Iterable[Any], *, timeout: float | None, retries: int,
+    def map(self, fn: EpisodeFn, tasks: Iterable[Any], *, timeout: float | None, retries: int,
             ordered: bool, progress: bool | None) -> Iterator[EpisodeResult]:
         """`SandboxPool.map` over the cluster; same arguments, results and errors."""
         items = list(tasks)

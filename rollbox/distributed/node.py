@@ -25,7 +25,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,8 @@ import cloudpickle
 from .. import errors
 from ..client.transport import DAEMON_START_TIMEOUT_S, Client, daemon_running, stop_daemon
 from ..config import DEFAULT_HOME, Paths
+from ..sdk.backends import LOCAL
+from ..sdk.function import Function
 from ..sdk.pool import SandboxPool
 from . import transfer
 
@@ -61,7 +63,7 @@ POOL_NOT_OPEN = "PoolNotOpen"
 
 @dataclass(frozen=True)
 class Attempt:
-    """One episode attempt on one node, as `SandboxPool._attempt` classified it.
+    """One episode attempt on one node, as `SandboxPool.attempt` classified it.
 
     `ttfc_ms`: milliseconds to a usable sandbox; `retryable`: an infrastructure fault that a
     fresh sandbox (preferably on another node) may not hit.
@@ -103,6 +105,9 @@ class NodeDaemon:
         self._generation = 0
         self._restarts = 0
         self._pools: dict[str, SandboxPool] = {}
+        # Every pool id this actor has served, closed ones too: a pool closed while the daemon
+        # was down could not end its sandboxes, and the restarted daemon re-adopts them.
+        self._served: set[str] = set()
         self._start_daemon()
         self._ready.set()
         self._watcher = threading.Thread(target=self._supervise, daemon=True, name="rollbox-node-supervisor")
@@ -138,9 +143,10 @@ class NodeDaemon:
             self._ready.set()
 
     def _terminate_pool_sandboxes(self) -> None:
-        """Ends every sandbox of this actor's pools: after a restart they belong to lost episodes."""
+        """Ends every sandbox of the pools this actor served (open or closed since): after a
+        restart they belong to lost episodes."""
         with self._lock:
-            pool_ids = set(self._pools)
+            pool_ids = set(self._served)
         for info in self._client.request("GET", "/sandboxes"):
             if info.get("tags", {}).get("rollbox.pool") in pool_ids:
                 try:
@@ -189,6 +195,7 @@ class NodeDaemon:
                                isolation=isolation)
             pool.pool_id = pool_id  # the driver's id: its sandboxes carry it as their tag
             self._pools[pool_id] = pool
+            self._served.add(pool_id)
         pool.start_warm()
 
     def close_pool(self, pool_id: str) -> None:
@@ -203,7 +210,7 @@ class NodeDaemon:
         with self._lock:
             pool = self._pools.get(pool_id)
         if pool is not None:
-            pool._terminate_live()
+            pool.terminate_live()
 
     def attempt(self, pool_id: str, fn_pickled: bytes, task: Any, timeout: float | None) -> Attempt:
         """Runs one episode attempt on a fresh sandbox of this node.
@@ -227,13 +234,13 @@ class NodeDaemon:
             return Attempt("infra_error", None, f"{POOL_NOT_OPEN}: pool {pool_id} is not open on node "
                            f"{self.node_id} (its rollbox actor restarted)", None, None, True, self.node_id)
         fn = cloudpickle.loads(fn_pickled)
-        status, value, err, sb, ttfc, retryable = pool._attempt(fn, task, timeout)
+        status, value, err, sandbox_id, ttfc, retryable = pool.attempt(fn, task, timeout)
         with self._lock:
             restarted = gen != self._generation
         if restarted and status != "ok":
             status, value, retryable = "infra_error", None, True
             err = f"DaemonUnavailable: the rollbox daemon on node {self.node_id} died during the episode ({err})"
-        return Attempt(status, value, err, sb.sandbox_id if sb else None, ttfc, retryable, self.node_id)
+        return Attempt(status, value, err, sandbox_id, ttfc, retryable, self.node_id)
 
     def delete_snapshot(self, snapshot_id: str) -> None:
         """Removes a snapshot this node holds (an internal one, e.g. `@function.map`'s)."""
@@ -246,9 +253,9 @@ class NodeDaemon:
         """`Function.remote(*args, **kwargs)` on this node's daemon; raises what it raises."""
         if not self._ready.wait(DAEMON_START_TIMEOUT_S):
             raise errors.DaemonUnavailable(f"the rollbox daemon on node {self.node_id} is restarting")
-        fn = cloudpickle.loads(payload)
-        fn._client = self._client
-        return fn._remote_local(*args, **kwargs)
+        fn: Function[Any] = cloudpickle.loads(payload)
+        # On this node's daemon, never through a backend again.
+        return Function(fn.fn, replace(fn.spec, backend=LOCAL), self._client).remote(*args, **kwargs)
 
     def ping(self) -> float:
         return time.time()

@@ -27,9 +27,7 @@ import platform
 import re
 import shutil
 import stat
-import subprocess
 import tarfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -37,15 +35,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from ..errors import (ImageCorrupt, ImagePullError, ResourceExhausted, RollboxError, RuntimeMissing,
-                      UnsupportedImage)
+import zstandard
+
+from ..errors import ImageCorrupt, ImagePullError, ResourceExhausted, RollboxError, UnsupportedImage
 from ..runtime.rootfs import remove_tree
 from .store import ImageConfig, ImageMeta, ImageStore
 
-try:  # optional: the `zstd` command line tool is the fallback
-    import zstandard as _zstd
-except ImportError:  # pragma: no cover - depends on the environment
-    _zstd = None
 
 # ---- media types (image-spec media-types.md; Docker's image manifest v2 schema 2) -------------
 
@@ -317,64 +312,6 @@ class _Digesting:
         return nonzero
 
 
-class _ZstdPipe:
-    """zstd decompression by the `zstd` tool: a thread feeds it the compressed stream (so the
-    caller still hashes every byte), the caller reads its stdout."""
-
-    def __init__(self, src: _Reader) -> None:
-        exe = shutil.which("zstd")
-        if exe is None:
-            raise RuntimeMissing("a zstd-compressed layer needs the zstd tool or the zstandard Python "
-                                 "package: `apt-get install zstd` or `pip install zstandard`")
-        self._src = src
-        self._proc = subprocess.Popen([exe, "-d", "-c", "-q"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self._error: BaseException | None = None
-        self._feeder = threading.Thread(target=self._feed, name="zstd-feed", daemon=True)
-        self._feeder.start()
-
-    def _feed(self) -> None:
-        stdin = self._proc.stdin
-        assert stdin is not None
-        try:
-            while data := self._src.read(CHUNK):
-                stdin.write(data)
-        except BrokenPipeError:
-            pass  # zstd stopped early; its exit status says why
-        except BaseException as e:  # re-raised in the reading thread
-            self._error = e
-        finally:
-            try:
-                stdin.close()
-            except OSError:
-                pass
-
-    def read(self, n: int = -1, /) -> bytes:
-        assert self._proc.stdout is not None
-        data = self._proc.stdout.read(n)
-        if not data:
-            self._feeder.join()
-            rc = self._proc.wait()
-            if self._error is not None:
-                raise self._error
-            if rc != 0:
-                err = self._proc.stderr.read().decode(errors="replace").strip() if self._proc.stderr else ""
-                raise ValueError(f"zstd: {err or f'exit status {rc}'}")
-        return data
-
-    def close(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.kill()
-        self._proc.wait()
-        self._feeder.join(timeout=10)
-        for f in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
-            if f is not None:
-                try:
-                    f.close()
-                except OSError:
-                    pass
-
-
 class _Prefixed:
     """`head` (already read), then the rest of `src`."""
 
@@ -451,14 +388,12 @@ def apply_layer(src: BinaryIO, dest: Path, media_type: str, expected_digest: str
 
     dalgo = split_digest(expected_digest, f"layer {label}")[0] if expected_digest else algo
     packed = _Digesting(src, dalgo, read_failed)
-    zpipe: _ZstdPipe | None = None
     stream: _Reader = packed
     if compression == "gzip":
         stream = gzip.GzipFile(fileobj=packed, mode="rb")  # type: ignore[call-overload]
-    elif compression == "zstd" and _zstd is not None:
-        stream = _zstd.ZstdDecompressor().stream_reader(packed, read_across_frames=True)
     elif compression == "zstd":
-        stream = zpipe = _ZstdPipe(packed)
+        # zstandard reads any object with read(), as gzip does.
+        stream = zstandard.ZstdDecompressor().stream_reader(packed, read_across_frames=True)  # type: ignore[arg-type]
     # An uncompressed layer with a digest of the same algorithm is hashed once: digest == diff_id.
     plain = packed if stream is packed and dalgo == algo else _Digesting(stream, algo, corrupt)
     plain.keep_tail = 2 * TAR_BUFSIZE
@@ -480,9 +415,6 @@ def apply_layer(src: BinaryIO, dest: Path, media_type: str, expected_digest: str
         packed.drain()  # the digest covers the whole blob, trailing bytes included
     except OSError as e:
         raise _write_error(e, dest, label) from e
-    finally:
-        if zpipe is not None:
-            zpipe.close()
     if expected_digest:
         got = f"{packed.hash.name}:{packed.hash.hexdigest()}"
         if got != expected_digest:

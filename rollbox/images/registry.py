@@ -11,8 +11,8 @@ Authentication: a 401 with `WWW-Authenticate: Bearer realm=…,service=…,scope
 with a token from the realm (Docker's token protocol,
 https://distribution.github.io/distribution/spec/auth/token/), using the credentials when
 given; a `Basic` challenge with HTTP Basic credentials. Connection failures, timeouts, 429 and
-5xx answers are retried with backoff (`RETRY_DELAYS`); an interrupted blob download resumes
-with a Range request when the registry supports it.
+5xx answers are retried with backoff (`RETRY_DELAYS`, through tenacity); an interrupted blob
+download resumes with a Range request when the registry supports it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import base64
 import errno
 import hashlib
 import re
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import httpx
+import tenacity
 
 from ..errors import (ImageCorrupt, ImageNotFound, ImagePullError, InvalidArgument, ResourceExhausted,
                       RollboxError)
@@ -47,6 +47,26 @@ TIMEOUT = httpx.Timeout(60.0, connect=10.0)  # seconds; read = longest silence w
 ACCEPT = ", ".join(MANIFEST_TYPES + INDEX_TYPES)
 USER_AGENT = "rollbox"
 MAX_INDEX_DEPTH = 4  # an index may name an index; nobody nests deeper
+
+
+class _RetryStatus(Exception):
+    """A registry answer worth another try (RETRY_STATUSES); carries what the error needs."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+        self.body = body
+
+
+def _retrying(*retry_on: type[BaseException]) -> tenacity.Retrying:
+    """Tenacity's loop for one request: a try, then one retry per RETRY_DELAYS entry (read at
+    each call, so tests can shorten it), retrying only `retry_on`; the last failure is raised."""
+    delays = RETRY_DELAYS
+    return tenacity.Retrying(stop=tenacity.stop_after_attempt(len(delays) + 1),
+                             # tenacity asks for the wait before it checks the stop: past the table, 0
+                             wait=lambda state: delays[state.attempt_number - 1] if state.attempt_number <= len(delays)
+                             else 0.0,
+                             retry=tenacity.retry_if_exception_type(retry_on), reraise=True)
 
 # distribution/reference grammar (https://github.com/distribution/reference/blob/main/reference.go).
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -247,42 +267,39 @@ class RegistryClient:
         algo, hexpart = split_digest(desc.digest, what)
         h = hashlib.new(algo)
         done = 0
-        attempt = 0
         with open(path, "wb") as f:
-            while True:
-                if done and done == desc.size:
-                    break  # cut right at the end: nothing left to ask for
-                # identity: byte ranges then count bytes of the blob itself, not of a re-encoding.
-                headers = {"Accept-Encoding": "identity"}
-                if done:
-                    headers["Range"] = f"bytes={done}-"
-                resp = self._get(f"{self.base}/blobs/{desc.digest}", what, "blob", headers)
-                try:
-                    if done and resp.status_code != 206:  # no range support: start over
-                        f.seek(0)
-                        f.truncate()
-                        h, done = hashlib.new(algo), 0
-                    for chunk in resp.iter_bytes():  # as received: a cut keeps what came
-                        done += len(chunk)
-                        if done > desc.size:
-                            raise ImageCorrupt(f"{what}: the registry sent more than the {desc.size} bytes the "
-                                               "manifest declares; the image is corrupt: push it again")
-                        h.update(chunk)
-                        f.write(chunk)
-                    break
-                except httpx.TransportError as e:
-                    if attempt >= len(RETRY_DELAYS):
-                        raise ImagePullError(f"download of {what} from {self.ref.registry} was interrupted "
-                                             f"{attempt + 1} times ({type(e).__name__}: {e}): retry later") from e
-                    time.sleep(RETRY_DELAYS[attempt])
-                    attempt += 1
-                except OSError as e:
-                    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                        raise ResourceExhausted(f"disk full while downloading {what}: free space under "
-                                                f"{path.parent.parent}") from e
-                    raise
-                finally:
-                    resp.close()
+            try:
+                for attempt in _retrying(httpx.TransportError):  # a cut mid-stream: resume
+                    with attempt:
+                        if done and done == desc.size:
+                            break  # cut right at the end: nothing left to ask for
+                        # identity: byte ranges then count bytes of the blob itself, not of a re-encoding.
+                        headers = {"Accept-Encoding": "identity"}
+                        if done:
+                            headers["Range"] = f"bytes={done}-"
+                        resp = self._get(f"{self.base}/blobs/{desc.digest}", what, "blob", headers)
+                        try:
+                            if done and resp.status_code != 206:  # no range support: start over
+                                f.seek(0)
+                                f.truncate()
+                                h, done = hashlib.new(algo), 0
+                            for chunk in resp.iter_bytes():  # as received: a cut keeps what came
+                                done += len(chunk)
+                                if done > desc.size:
+                                    raise ImageCorrupt(f"{what}: the registry sent more than the {desc.size} bytes "
+                                                       "the manifest declares; the image is corrupt: push it again")
+                                h.update(chunk)
+                                f.write(chunk)
+                        except OSError as e:
+                            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                                raise ResourceExhausted(f"disk full while downloading {what}: free space under "
+                                                        f"{path.parent.parent}") from e
+                            raise
+                        finally:
+                            resp.close()
+            except httpx.TransportError as e:
+                raise ImagePullError(f"download of {what} from {self.ref.registry} was interrupted "
+                                     f"{len(RETRY_DELAYS) + 1} times ({type(e).__name__}: {e}): retry later") from e
         if done != desc.size:
             raise ImageCorrupt(f"{what}: got {done} bytes, the manifest declares {desc.size}; the blob on the "
                                "registry is truncated or corrupt: push the image again")
@@ -306,25 +323,35 @@ class RegistryClient:
 
     def _get(self, url: str, what: str, kind: str, headers: dict[str, str] | None = None) -> httpx.Response:
         """GET `url` with auth and retries; returns a 2xx response, open for streaming (the
-        caller closes it), or raises the typed error for the failure."""
-        attempt = 0
-        authenticated = False
+        caller closes it), or raises the typed error for the failure. Connection failures and
+        RETRY_STATUSES answers are retried (`_retrying`); a 401 is answered once per call."""
+        auth_tried: list[bool] = []
+        try:
+            for attempt in _retrying(httpx.TransportError, _RetryStatus):
+                with attempt:
+                    return self._get_once(url, what, kind, headers, auth_tried)
+        except httpx.TransportError as e:
+            hint = ("; if it serves plain HTTP, pass insecure=True" if self.scheme == "https"
+                    and "SSL" in str(e).upper() else "")
+            raise ImagePullError(f"cannot reach registry {self.ref.registry} for {what} after {len(RETRY_DELAYS) + 1} "
+                                 f"tries ({type(e).__name__}: {e}): check that it is running and reachable"
+                                 f"{hint}, then retry") from e
+        except _RetryStatus as e:
+            raise self._status_error(e.status, e.body, what, kind) from None
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    def _get_once(self, url: str, what: str, kind: str, headers: dict[str, str] | None,
+                  auth_tried: list[bool]) -> httpx.Response:
+        """One try of `_get` (a 401 answered and sent again within it). Raises
+        httpx.TransportError or _RetryStatus for `_get` to retry, else the typed error."""
         while True:
             h = dict(headers or {})
             if self._auth:
                 h["Authorization"] = self._auth
             try:
                 resp = self._client.send(self._client.build_request("GET", url, headers=h), stream=True)
-            except httpx.TransportError as e:
-                if attempt < len(RETRY_DELAYS):
-                    time.sleep(RETRY_DELAYS[attempt])
-                    attempt += 1
-                    continue
-                hint = ("; if it serves plain HTTP, pass insecure=True" if self.scheme == "https"
-                        and "SSL" in str(e).upper() else "")
-                raise ImagePullError(f"cannot reach registry {self.ref.registry} for {what} after {attempt + 1} "
-                                     f"tries ({type(e).__name__}: {e}): check that it is running and reachable"
-                                     f"{hint}, then retry") from e
+            except httpx.TransportError:
+                raise
             except httpx.HTTPError as e:  # e.g. too many redirects
                 raise ImagePullError(f"fetching {what} from {self.ref.registry} failed: {e}") from e
             if resp.status_code < 300:
@@ -335,14 +362,12 @@ class RegistryClient:
                 body = b""
             finally:
                 resp.close()
-            if resp.status_code == 401 and not authenticated:
+            if resp.status_code == 401 and not auth_tried:
                 self._authenticate(resp.headers.get("WWW-Authenticate", ""), what)
-                authenticated = True
+                auth_tried.append(True)
                 continue
-            if resp.status_code in RETRY_STATUSES and attempt < len(RETRY_DELAYS):
-                time.sleep(RETRY_DELAYS[attempt])
-                attempt += 1
-                continue
+            if resp.status_code in RETRY_STATUSES:
+                raise _RetryStatus(resp.status_code, body)
             raise self._status_error(resp.status_code, body, what, kind)
 
     def _status_error(self, status: int, body: bytes, what: str, kind: str) -> RollboxError:
@@ -397,27 +422,25 @@ class RegistryClient:
             query["service"] = params["service"]
         query["scope"] = params.get("scope") or f"repository:{self.ref.repository}:pull"
         headers = {"Authorization": "Basic " + _basic(self.credentials)} if self.credentials else {}
-        last: Exception | None = None
-        for attempt in range(len(RETRY_DELAYS) + 1):
-            try:
-                resp = self._client.get(realm, params=query, headers=headers)
-            except httpx.TransportError as e:
-                last = e
-            else:
-                if resp.status_code < 300:
-                    break
-                if resp.status_code in (401, 403):
-                    who = f"user {self.credentials[0]!r}" if self.credentials else "anonymous access"
-                    raise ImagePullError(f"the token service {realm} of {self.ref.registry} refused {who} "
-                                         f"(HTTP {resp.status_code}): check the credentials")
-                if resp.status_code not in RETRY_STATUSES:
-                    raise ImagePullError(f"the token service {realm} of {self.ref.registry} answered HTTP "
-                                         f"{resp.status_code}: retry later")
-                last = ImagePullError(f"HTTP {resp.status_code}")
-            if attempt < len(RETRY_DELAYS):
-                time.sleep(RETRY_DELAYS[attempt])
-        else:
-            raise ImagePullError(f"cannot get a token from {realm} for {self.ref.registry} ({last}): retry later")
+
+        def ask() -> httpx.Response:
+            resp = self._client.get(realm, params=query, headers=headers)
+            if resp.status_code in (401, 403):
+                who = f"user {self.credentials[0]!r}" if self.credentials else "anonymous access"
+                raise ImagePullError(f"the token service {realm} of {self.ref.registry} refused {who} "
+                                     f"(HTTP {resp.status_code}): check the credentials")
+            if resp.status_code in RETRY_STATUSES:
+                raise _RetryStatus(resp.status_code, b"")
+            if resp.status_code >= 300:
+                raise ImagePullError(f"the token service {realm} of {self.ref.registry} answered HTTP "
+                                     f"{resp.status_code}: retry later")
+            return resp
+
+        try:
+            resp = _retrying(httpx.TransportError, _RetryStatus)(ask)
+        except (httpx.TransportError, _RetryStatus) as last:
+            raise ImagePullError(f"cannot get a token from {realm} for {self.ref.registry} ({last}): "
+                                 "retry later") from None
         try:
             body = resp.json()
             token = body.get("token") or body.get("access_token")

@@ -17,6 +17,7 @@ import logging
 import time
 from pathlib import Path
 
+import tenacity
 from pyroute2.netlink.exceptions import NetlinkError
 
 from .. import errors
@@ -26,6 +27,7 @@ from .policy import NetworkPolicy, ResolvedPolicy, resolve
 from .proxy import PortForwarder
 
 log = logging.getLogger("rollbox.network")
+SLOT_RETRY_WAIT_S = 0.2  # seconds before the second try of a slot; 0.4 before the third, ...
 
 
 class NetworkManager:
@@ -114,25 +116,29 @@ class NetworkManager:
         miss its reply deadline ("no response from the child")."""
         slot = self.layout.slot(self._next_index())
         self._creating.add(slot.index)
+
+        async def once() -> Slot:
+            try:
+                await asyncio.to_thread(create_slot, slot)
+                await asyncio.to_thread(firewall.nft, firewall.slot_rules(slot, None))
+                return slot
+            except BaseException:  # cancelled too: nothing half-made is left
+                await asyncio.to_thread(destroy_slot, slot)
+                raise
+
+        retrying = tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(attempts),
+            wait=tenacity.wait_incrementing(start=SLOT_RETRY_WAIT_S, increment=SLOT_RETRY_WAIT_S),
+            retry=tenacity.retry_if_exception_type((OSError, NetlinkError, errors.RollboxError)),
+            before_sleep=lambda state: log.info("preparing network slot %d failed (%s); retrying", slot.index,
+                                                state.outcome.exception() if state.outcome else None),
+            reraise=True)
         try:
-            for attempt in range(attempts):
-                try:
-                    await asyncio.to_thread(create_slot, slot)
-                    await asyncio.to_thread(firewall.nft, firewall.slot_rules(slot, None))
-                    return slot
-                except (OSError, NetlinkError, errors.RollboxError) as e:
-                    await asyncio.to_thread(destroy_slot, slot)
-                    if attempt == attempts - 1:
-                        raise errors.ResourceExhausted(f"preparing network slot {slot.index} failed "
-                                                       f"{attempts} times: {e}") from e
-                    log.info("preparing network slot %d failed (%s); retrying", slot.index, e)
-                    await asyncio.sleep(0.2 * (attempt + 1))
-                except BaseException:
-                    await asyncio.to_thread(destroy_slot, slot)
-                    raise
+            return await retrying(once)
+        except (OSError, NetlinkError, errors.RollboxError) as e:
+            raise errors.ResourceExhausted(f"preparing network slot {slot.index} failed {attempts} times: {e}") from e
         finally:
             self._creating.discard(slot.index)
-        raise AssertionError("unreachable")
 
     async def _destroy(self, slot: Slot) -> None:
         self._releasing.add(slot.index)

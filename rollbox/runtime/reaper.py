@@ -17,6 +17,8 @@ import ctypes
 import os
 from typing import Callable
 
+import psutil
+
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -29,6 +31,9 @@ def become_subreaper() -> bool:
 
 
 def _children() -> set[int]:
+    """This process's children, from the kernel's per-thread children lists: O(children),
+    where psutil's Process.children() reads every process on the host (thousands of systrap
+    stubs) on each teardown."""
     pids: set[int] = set()
     try:
         tasks = os.listdir("/proc/self/task")
@@ -50,11 +55,9 @@ def _runsc_orphan(pid: int) -> bool:
     while a zombie); the runsc CLI and every other tool the daemon spawns has its own name.
     """
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
+        return psutil.Process(pid).name() == "exe"  # the comm, readable in a zombie too
+    except psutil.Error:
         return False
-    return stat[stat.find("(") + 1:stat.rfind(")")] == "exe"
 
 
 class Reaper:

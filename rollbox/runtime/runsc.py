@@ -18,59 +18,43 @@ import os
 import shutil
 from pathlib import Path
 
-from ..errors import InvalidArgument, RuntimeMissing
+import psutil
+
+from ..config import DEFAULT_PLATFORM, PLATFORMS, RUNSC_INSTALL_HINT, platform_from_env
+from ..errors import RuntimeMissing
 from .driver import RunResult, run_command, spawn_detached
 
-INSTALL_HINT = (
-    "install gVisor from bookworm-backports: add the 'bookworm-backports' suite to apt's "
-    "sources, then `apt-get install -t bookworm-backports runsc` (or run `make setup`)"
-)
+INSTALL_HINT = RUNSC_INSTALL_HINT
+__all__ = ["DEFAULT_PLATFORM", "INSTALL_HINT", "PLATFORMS", "Runsc", "platform_from_env"]
 
 NETNS_WRAPPER = ("unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
                  'mount -t tmpfs rollbox-netns /proc/sys/net && exec "$@"', "rollbox-runsc")
 
 
-def _runsc_role(pid: int | str, container_id: str) -> str | None:
-    """"sandbox" or "gofer" when `pid` is that runsc process of `container_id` (runsc names
+def _role_in(argv: list[str] | None, container_id: str) -> str | None:
+    """"sandbox" or "gofer" when `argv` is that runsc process of `container_id` (runsc names
     them runsc-sandbox / runsc-gofer and passes the id on their command line), else None."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except OSError:
-        return None
-    if argv[0] in (b"runsc-sandbox", b"runsc-gofer") and any(container_id.encode() in a for a in argv):
-        return argv[0].decode().removeprefix("runsc-")
+    if argv and argv[0] in ("runsc-sandbox", "runsc-gofer") and any(container_id in a for a in argv):
+        return argv[0].removeprefix("runsc-")
     return None
+
+
+def _runsc_role(pid: int, container_id: str) -> str | None:
+    """`_role_in` for one pid (None when it is gone or unreadable)."""
+    try:
+        return _role_in(psutil.Process(pid).cmdline(), container_id)
+    except psutil.Error:
+        return None
 
 
 def runsc_processes(container_id: str) -> list[tuple[int, str]]:
     """(pid, "sandbox" | "gofer") of the runsc processes that serve one container, found by
-    scanning every process's command line."""
-    found = ((int(name), _runsc_role(name, container_id)) for name in os.listdir("/proc") if name.isdigit())
+    scanning every process's command line (psutil)."""
+    found = ((p.pid, _role_in(p.info["cmdline"], container_id)) for p in psutil.process_iter(["cmdline"]))
     return [(pid, role) for pid, role in found if role is not None]
 
 
 RunscResult = RunResult  # the name this module used before the driver protocol
-
-# gVisor platforms that work on this machine kind (PLATFORM.md: kvm hangs on its kvm_pvm).
-# Measured here with runsc 20240729 (bench/bench.py, README "Platforms"): systrap costs an idle
-# sandbox ~5% of a core (upstream google/gvisor#10793, #13361) but runs syscalls ~10x faster;
-# ptrace idles at ~0% and spawns processes slightly faster. Both checkpoint and restore.
-PLATFORMS = ("systrap", "ptrace")
-DEFAULT_PLATFORM = "systrap"
-
-
-def platform_from_env(value: str | None = None) -> str:
-    """The gVisor platform named by `value` or ROLLBOX_PLATFORM (default systrap).
-
-    Raises:
-        InvalidArgument: a platform not in PLATFORMS.
-    """
-    name = (value if value is not None else os.environ.get("ROLLBOX_PLATFORM", "")).strip() or DEFAULT_PLATFORM
-    if name not in PLATFORMS:
-        raise InvalidArgument(f"unknown gVisor platform {name!r} (ROLLBOX_PLATFORM / --platform): "
-                              f"use one of {', '.join(PLATFORMS)}")
-    return name
 
 
 class Runsc:

@@ -30,8 +30,9 @@ from typing import Any, Generic, TypeVar
 import cloudpickle
 
 from .. import errors
+from ..client.default import default_client
 from ..client.transport import Client
-from ..distributed import resolve_backend
+from .backends import LOCAL, get_backend, resolve_backend
 from .image import Image
 from .pool import SandboxPool
 from .sandbox import Sandbox, SandboxInstance
@@ -211,9 +212,9 @@ class Function(Generic[R]):
             FunctionTimeout: it ran past `timeout` (its sandbox was killed). ResourceExhausted:
             out of memory. ResourceUnavailable: `gpu=` on a machine without one.
         """
-        if resolve_backend(self.spec.backend) == "ray":
-            from ..distributed import backend as ray_backend, config
-            return ray_backend.call_function(config(), self, args, kwargs)  # type: ignore[no-any-return]
+        name = resolve_backend(self.spec.backend)
+        if name != LOCAL:
+            return get_backend(name).call_function(self, args, kwargs)  # type: ignore[no-any-return]
         return self._remote_local(*args, **kwargs)
 
     def _remote_local(self, *args: Any, **kwargs: Any) -> R:
@@ -293,7 +294,6 @@ class Function(Generic[R]):
 
 
 def _default() -> Client:
-    from .sandbox import default_client
     return default_client()
 
 

@@ -177,7 +177,7 @@ class Image:
         """As build(), with {"image_id", "base_image_id", "steps": [{"step", "image_id",
         "cached", "seconds"}]}. Raises ImageBuildError (a step failed; its output is in the
         message) and the errors of the base (see from_registry)."""
-        from .sandbox import default_client
+        from ..client.default import default_client
 
         c = client or default_client()
         return dict(c.request("POST", "/images/build", json={"base": self.base_wire(), "steps": list(self.steps)}))

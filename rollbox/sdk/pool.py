@@ -35,8 +35,8 @@ from typing import Any
 
 from .. import errors
 from ..client.transport import Client
-from ..distributed import resolve_backend
 from ..types import EpisodeResult
+from .backends import LOCAL, AttemptOutcome, PoolBackend, PoolSpec, get_backend, resolve_backend
 from .containers import ContainerInstance, EpisodePoolClient
 from .sandbox import Sandbox, SandboxInstance, default_client
 
@@ -125,13 +125,15 @@ class SandboxPool:
         self.fn = fn
         self.scale_down_after_s = scale_down_after_s
         self._stream: _Stream | None = None
-        self._remote = None
         self.lease_s = lease_s
         self._lease_stop = threading.Event()
         self._lease_thread: threading.Thread | None = None
-        if resolve_backend(backend) == "ray":
-            from ..distributed import backend as ray_backend, config
-            self._remote = ray_backend.RayPool(self, config())
+        self._remote: PoolBackend | None = None
+        name = resolve_backend(backend)
+        if name != LOCAL:
+            self._remote = get_backend(name).open_pool(PoolSpec(
+                self.pool_id, snapshot_id, max_concurrency, keep_warm_seconds, warm, warm_idle_seconds, self._client,
+                isolation))
 
     def __enter__(self) -> "SandboxPool":
         return self
@@ -175,7 +177,7 @@ class SandboxPool:
                                  json={"count": self.warm, "idle_seconds": self.warm_idle_seconds})
             self._warm_set = True
 
-    def _terminate_live(self) -> None:
+    def terminate_live(self) -> None:
         """Terminates every sandbox of this pool that is still alive (errors ignored)."""
         try:
             for info in self._client.request("GET", "/sandboxes"):
@@ -205,7 +207,7 @@ class SandboxPool:
             except errors.RollboxError:
                 pass
             self._warm_set = False
-        self._terminate_live()
+        self.terminate_live()
         self._lease_stop.set()
         if self._lease_thread is not None:
             try:
@@ -226,6 +228,16 @@ class SandboxPool:
             finally:
                 self._slots.release()
         self._reaper.submit(go)
+
+    def attempt(self, fn: Callable[[SandboxInstance, Any], Any], task: Any, timeout: float | None) -> AttemptOutcome:
+        """One episode attempt on one fresh sandbox, classified as `map` classifies it (the
+        public entry point of a backend's node: rollbox.sdk.backends).
+
+        Raises:
+            SnapshotNotFound, InvalidArgument: as `map` does (not retryable).
+        """
+        status, value, err, sb, ttfc_ms, retryable = self._attempt(fn, task, timeout)
+        return AttemptOutcome(status, value, err, sb.sandbox_id if sb else None, ttfc_ms, retryable)
 
     def _attempt(self, fn: Callable[[SandboxInstance, Any], Any], task: Any, timeout: float | None
                  ) -> tuple[str, Any, str | None, SandboxInstance | None, float | None, bool]:
@@ -367,7 +379,7 @@ class SandboxPool:
                     self._aborted = True
                     for f in futs:
                         f.cancel()
-                    self._terminate_live()
+                    self.terminate_live()
                     raise
         finally:
             if bar is not None:

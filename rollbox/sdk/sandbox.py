@@ -17,20 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import errors
+from ..client.default import default_client
 from ..client.transport import Client
 from ..types import ExecResult, FileEntry, SandboxInfo
 from ._aio import synchronized
 from .image import Image
 from .volume import Volume
 
-_shared_client: list[Client] = []
-
-
-def default_client() -> Client:
-    """One client per process, made on first use (connection pooling across sandboxes)."""
-    if not _shared_client:
-        _shared_client.append(Client())
-    return _shared_client[0]
 
 
 def _info(d: dict[str, Any]) -> SandboxInfo:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..client.default import default_client
 from ..client.transport import Client
 
 
@@ -33,7 +34,6 @@ def usage(client: Client | None = None, *, by_tag: str | None = None, rates: Rat
           ) -> list[dict[str, Any]]:
     """Per-sandbox usage rows, or with `by_tag="key"` one row per value of that tag (sandboxes
     without it under "-"), each with `cost` when `rates` is given."""
-    from .sandbox import default_client
     rows: list[dict[str, Any]] = list((client or default_client()).request("GET", "/usage"))
     if rates is not None:
         for r in rows:

@@ -12,9 +12,10 @@ import base64
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..client.default import default_client
 from ..client.transport import Client
+from ..names import check_volume_name
 from ..types import FileEntry
-from ..volumes.store import check_name
 from ._aio import synchronized
 
 
@@ -38,10 +39,9 @@ class Volume:
     client: Client | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        check_name(self.name)
+        check_volume_name(self.name)
 
     def _c(self) -> Client:
-        from .sandbox import default_client
         return self.client or default_client()
 
     def to_wire(self) -> dict[str, str]:
@@ -83,5 +83,4 @@ class Volume:
     @staticmethod
     def list(client: Client | None = None) -> list[dict[str, Any]]:
         """Every volume: name, host path, size in bytes, file count."""
-        from .sandbox import default_client
         return list((client or default_client()).request("GET", "/volumes"))

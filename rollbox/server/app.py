@@ -17,7 +17,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse as _StarletteJSON, Response
 from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
-from .. import __version__, errors
+from .. import errors
+from ..version import __version__
 from .episode_routes import add_episode_routes
 from .leases import Leases, add_lease_routes
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE

@@ -12,6 +12,8 @@ import os
 import subprocess
 from dataclasses import asdict, dataclass
 
+import psutil
+
 from ..config import Paths
 from ..network.netns import NetLayout
 from ..runtime import cgroups
@@ -76,16 +78,8 @@ def take(paths: Paths, ready_slots: int = 0) -> HostInventory:
             elems = len(json.loads(out)["nftables"][1]["map"].get("elem", []))
         except (ValueError, KeyError, IndexError):
             pass
-    procs = 0
-    root_arg = f"--root={paths.runsc_root}".encode()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if root_arg in f.read():
-                        procs += 1
-            except OSError:
-                pass
+    root_arg = f"--root={paths.runsc_root}"
+    procs = sum(1 for p in psutil.process_iter(["cmdline"]) if any(root_arg in a for a in p.info["cmdline"] or ()))
     entries = len(os.listdir(paths.sandboxes)) if paths.sandboxes.is_dir() else 0
     runc = paths.runc_root
     runc_left = sum(1 for p in runc.iterdir() if (p / "state.json").is_file()) if runc.is_dir() else 0

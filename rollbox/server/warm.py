@@ -6,6 +6,8 @@ hands one out (a dictionary pop and one agent round trip, instead of a ~200 ms
 entropy and sandbox id, and none is handed out twice. A pool unused for `idle_seconds` drains
 to zero (scale to zero) and fills again on its next use. Spares carry the tag `rollbox.warm`
 and a keep_warm of `idle_seconds`, so a spare orphaned by a daemon crash still expires.
+A restore that fails is tried again (tenacity) after 1 s, 2 s, 4 s, ... (at most 30 s) for as
+long as the pool still lacks that spare.
 """
 
 from __future__ import annotations
@@ -17,13 +19,22 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import tenacity
+
 from .. import errors
 
 if TYPE_CHECKING:
+    from ..types import SandboxInfo
     from .service import SandboxService
 
 log = logging.getLogger("rollbox.warm")
 MAX_SPARES = 64
+FILL_RETRY_FIRST_S = 1.0  # seconds before the second try of a failed restore; doubling after
+FILL_RETRY_MAX_S = 30.0
+
+
+class _NotNeeded(Exception):
+    """The pool no longer lacks the spare a failed restore was being retried for."""
 
 
 @dataclass
@@ -106,19 +117,44 @@ class WarmPools:
             pool.filling += 1
             self.svc.spawn(self._fill_one(pool))
 
+    def _lacks_one(self, pool: WarmPool) -> bool:
+        """The pool is still in place and short of spares, not counting the caller's own
+        restore in flight."""
+        return (self.pools.get(pool.snapshot_id) is pool and not pool.drained
+                and len(pool.spares) + pool.filling - 1 < pool.target)
+
+    def _failed(self, pool: WarmPool, state: tenacity.RetryCallState) -> None:
+        pool.failures += 1
+        err = state.outcome.exception() if state.outcome else None
+        log.warning("warm pool %s: a restore failed (%s); retrying in %.0f s", pool.snapshot_id, err,
+                    state.next_action.sleep if state.next_action else 0.0)
+
+    async def _restore_retrying(self, pool: WarmPool) -> "SandboxInfo":
+        """One spare restored; a RollboxError is retried with backoff while the pool lacks it.
+
+        Raises:
+            _NotNeeded: the pool was removed, drained or filled while this one backed off.
+        """
+        retrying = tenacity.AsyncRetrying(
+            wait=tenacity.wait_exponential(multiplier=FILL_RETRY_FIRST_S, max=FILL_RETRY_MAX_S),
+            retry=tenacity.retry_if_exception_type(errors.RollboxError),
+            before_sleep=lambda state: self._failed(pool, state), reraise=True)
+        async for attempt in retrying:
+            with attempt:
+                if attempt.retry_state.attempt_number > 1 and not self._lacks_one(pool):
+                    raise _NotNeeded
+                return await self.svc.restore(pool.snapshot_id, keep_warm_seconds=pool.idle_seconds,
+                                              tags={"rollbox.warm": pool.snapshot_id})
+        raise AssertionError("unreachable: tenacity retries until it returns")
+
     async def _fill_one(self, pool: WarmPool) -> None:
         try:
-            info = await self.svc.restore(pool.snapshot_id, keep_warm_seconds=pool.idle_seconds,
-                                          tags={"rollbox.warm": pool.snapshot_id})
-        except errors.RollboxError as e:
-            pool.failures += 1
-            log.warning("warm pool %s: a restore failed (%s)", pool.snapshot_id, e)
-            await asyncio.sleep(min(30.0, 0.5 * 2 ** min(pool.failures, 6)))
-            pool.filling -= 1
-            self._refill(pool)
+            info = await self._restore_retrying(pool)
+        except _NotNeeded:
             return
+        finally:
+            pool.filling -= 1
         pool.failures = 0
-        pool.filling -= 1
         if self.pools.get(pool.snapshot_id) is pool and not pool.drained:
             pool.spares.append(info.sandbox_id)
         else:

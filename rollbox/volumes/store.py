@@ -15,7 +15,6 @@ from __future__ import annotations
 import builtins
 import errno
 import os
-import re
 import shutil
 import stat
 import time
@@ -25,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InvalidArgument, NotFound, ResourceExhausted, VolumeNotFound
+from ..names import check_volume_name
 from ..runtime.rootfs import remove_tree, tree_usage
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+check_name = check_volume_name  # the SDK checks names too: one rule, in rollbox.names
 
 
 @dataclass(frozen=True)
@@ -37,12 +37,6 @@ class VolumeInfo:
     created_at: float
     size_bytes: int
     files: int
-
-
-def check_name(name: str) -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise InvalidArgument(f"volume name {name!r} is invalid: use 1-63 of [a-z0-9._-], starting with a letter or digit")
-    return name
 
 
 RESERVED = ("/proc", "/dev", "/sys", "/.rollbox", "/.rollbox-key")

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 if os.geteuid() != 0 or shutil.which("runsc") is None:
@@ -34,6 +35,7 @@ from rollbox.client.transport import Client, daemon_running, stop_daemon  # noqa
 from rollbox.config import DEFAULT_HOME, Paths  # noqa: E402
 from rollbox.distributed import transfer  # noqa: E402
 from rollbox.images.debian import DEBIAN_IMAGE_ID  # noqa: E402
+from rollbox.sdk.backends import set_default_backend  # noqa: E402
 from rollbox.sdk.sandbox import default_client  # noqa: E402
 
 pytestmark = pytest.mark.system
@@ -149,6 +151,7 @@ def cluster() -> Iterator[dict[str, str]]:
         yield ids
     finally:
         rollbox.distributed._configured.clear()
+        set_default_backend(None)  # undo rollbox.init()
         if ray.is_initialized():
             ray.shutdown()
         _stop_ray(temp_dir)
@@ -186,12 +189,7 @@ def host_traces(paths: Paths, sandbox_id: str) -> list[str]:
     out = [f"dir {paths.sandboxes / sandbox_id}"] if (paths.sandboxes / sandbox_id).exists() else []
     with open("/proc/self/mounts") as f:
         out += [f"mount {line.split()[1]}" for line in f if sandbox_id in line.split()[1]]
-    for pid in os.listdir("/proc"):
-        try:
-            if pid.isdigit() and cid.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append(f"process {pid}")
-        except OSError:
-            pass
+    out += [f"process {p.pid}" for p in psutil.process_iter(["cmdline"]) if any(cid in a for a in p.info["cmdline"] or ())]
     return out
 
 

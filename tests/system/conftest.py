@@ -1,8 +1,9 @@
 """System tests: real gVisor sandboxes through the SDK and the local daemon.
 
 They need root and runsc (`make setup`); without them they are skipped with the reason.
-Every sandbox a test makes is terminated at teardown, and test_zz_leaks.py checks last that
-nothing a sandbox made is left on the host.
+tests/conftest.py marks them `system`. Every sandbox a test makes is terminated at teardown,
+and at the end of the session tests/conftest.py checks (leaks.py) that nothing a sandbox made
+is left on the host.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from rollbox import Image, Sandbox, SandboxInstance
@@ -21,8 +23,6 @@ from rollbox.runtime import cgroups
 
 if os.geteuid() != 0 or shutil.which("runsc") is None:
     pytest.skip("system tests need root and gVisor runsc (run `make setup`)", allow_module_level=True)
-
-pytestmark = pytest.mark.system
 
 
 @pytest.fixture(scope="session")
@@ -92,13 +92,11 @@ def counter(sb: SandboxInstance) -> int:
 
 
 def proc_cmdlines() -> Iterator[tuple[int, list[bytes]]]:
-    """(pid, argv) of every process readable in /proc now."""
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                yield int(name), Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                pass
+    """(pid, argv as bytes) of every process whose command line is readable now (psutil)."""
+    for p in psutil.process_iter(["cmdline"]):
+        argv = p.info["cmdline"]
+        if argv:
+            yield p.pid, [os.fsencode(a) for a in argv]
 
 
 def runsc_pids(home: Paths, roles: tuple[bytes, ...] = (b"runsc-sandbox", b"runsc-gofer")) -> list[int]:

@@ -174,10 +174,13 @@ def test_bad_cwd_is_an_error_reply_not_a_crash(agent, tmp_path):
     assert agent.request("ping")["ok"] is True
 
 
-def test_long_exec_does_not_block_ping(agent):
+def test_long_exec_does_not_block_ping(agent, tmp_path):
     # Ordering, not wall time, is the claim: the ping's reply lands before the long exec's.
-    long_id = agent.send_exec(["sleep", "3"], timeout=30)
-    time.sleep(0.1)
+    started = tmp_path / "started"
+    os.mkfifo(started)
+    long_id = agent.send_exec(["sh", "-c", f"echo up > {started}; sleep 3"], timeout=30)
+    with open(started) as f:  # blocks until the exec runs: the ping goes to a busy agent
+        assert f.read() == "up\n"
     p = agent.request("ping", timeout=30)
     assert p["ok"] is True
     r = agent.wait_reply(long_id, timeout=30)

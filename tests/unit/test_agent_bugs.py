@@ -5,13 +5,9 @@ from __future__ import annotations
 import base64
 import os
 import struct
-import base64
-import os
-import struct
 import subprocess
 import sys
 import textwrap
-import time
 import time
 
 import pytest
@@ -37,21 +33,30 @@ _LEAK_SCRIPT = textwrap.dedent("""
     ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     threading.Thread(target=A.reaper, daemon=True).start()
     # A live exec keeps the reaper inside waitpid(-1), racing Popen's own waitpid on failures.
-    bg = threading.Thread(target=A.op_exec, args=({"id": 1, "argv": ["sleep", "2"]},), daemon=True)
+    fifo = sys.argv[2]
+    bg = threading.Thread(target=A.op_exec, args=({"id": 1, "argv": ["sh", "-c", "echo up > " + fifo + "; sleep 2"]},),
+                          daemon=True)
     bg.start()
-    time.sleep(0.2)
+    with open(fifo) as f:  # the live exec runs
+        assert f.read().strip() == "up"
     for i in range(20):
         assert A.op_exec({"id": 100 + i, "argv": ["/nonexistent/rollbox-cmd"]})["exit_code"] == 127
     # An orphaned background job: reparented to us (as to PID 1), reaped by the reaper.
     assert A.op_exec({"id": 200, "argv": ["sh", "-c", "sleep 0.1 &"]})["exit_code"] == 0
-    time.sleep(0.5)
-    print(len(getattr(A, "_early_exits", {})) + len(A._waiters) - (1 if bg.is_alive() else 0))
+    def left():
+        return len(getattr(A, "_early_exits", {})) + len(A._waiters) - (1 if bg.is_alive() else 0)
+    deadline = time.monotonic() + 10  # until the reaper has had the orphan (a bound, not an order)
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print(left())
 """)
 
 
-def test_early_exits_do_not_accumulate():
+def test_early_exits_do_not_accumulate(tmp_path):
     agent_dir = str(agent_module.__file__).rsplit("/", 1)[0]
-    out = subprocess.run([sys.executable, "-S", "-c", _LEAK_SCRIPT, agent_dir], capture_output=True,
+    fifo = tmp_path / "started"
+    os.mkfifo(fifo)
+    out = subprocess.run([sys.executable, "-S", "-c", _LEAK_SCRIPT, agent_dir, str(fifo)], capture_output=True,
                          text=True, timeout=20)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.strip()) == 0

@@ -88,3 +88,46 @@ def test_host_nameservers_skip_loopback(tmp_path) -> None:  # type: ignore[no-un
     f.write_text("nameserver 127.0.0.53\nnameserver 10.0.0.2\nnameserver ::1\nsearch x\n")
     assert firewall.host_nameservers(f) == ["10.0.0.2"]
     assert firewall.host_nameservers(tmp_path / "missing") == []
+
+
+def test_slot_preparation_is_retried_then_fails_typed(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A slot whose namespaces fail to come up (pyroute2's helper missing its deadline on a
+    saturated host) is torn down and tried again, 3 times in all; then ResourceExhausted.
+    Host calls are replaced by recorders: the claim is the retry policy, not netlink."""
+    import asyncio
+
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    from rollbox import ResourceExhausted
+    from rollbox.network import manager as mgr
+
+    calls: list[str] = []
+    faults: list[BaseException] = []
+
+    def create(slot) -> None:  # type: ignore[no-untyped-def]
+        calls.append("create")
+        if faults:
+            raise faults.pop(0)
+
+    monkeypatch.setattr(mgr, "create_slot", create)
+    monkeypatch.setattr(mgr, "destroy_slot", lambda slot: calls.append("destroy"))
+    monkeypatch.setattr(mgr.firewall, "nft", lambda rules: None)
+    monkeypatch.setattr(mgr, "SLOT_RETRY_WAIT_S", 0.0)
+    m = mgr.NetworkManager(tmp_path)
+
+    faults[:] = [NetlinkError(110, "no response from the child")] * 2
+    asyncio.run(m._make())
+    assert calls == ["create", "destroy", "create", "destroy", "create"]
+
+    calls.clear()
+    faults[:] = [OSError("busy")] * 3
+    with pytest.raises(ResourceExhausted, match="failed 3 times: busy"):
+        asyncio.run(m._make())
+    assert calls == ["create", "destroy"] * 3
+
+    calls.clear()
+    faults[:] = [ValueError("a bug, not a flaky host")]
+    with pytest.raises(ValueError):
+        asyncio.run(m._make())
+    assert calls == ["create", "destroy"]  # not retried, and nothing half-made is left
+    assert m._creating == set()

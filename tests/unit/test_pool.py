@@ -265,29 +265,47 @@ def test_bad_concurrency_rejected(client):
 
 
 def test_ordered_yields_input_order(backend, client):
-    delays = [0.3, 0.0, 0.2, 0.05, 0.1, 0.0]
+    # The episodes finish in this order (each waits for the one before it to have returned),
+    # and the results still come out in input order.
+    finish = [1, 5, 3, 4, 2, 0]
+    go = {t: threading.Event() for t in finish}
+    returned = {t: threading.Event() for t in finish}
 
     def fn(sb, t):
-        time.sleep(delays[t])
+        assert go[t].wait(10)
+        returned[t].set()
         return t
 
-    res = run(client, fn, range(len(delays)), ordered=True, max_concurrency=len(delays))
-    assert [r.index for r in res] == list(range(len(delays)))
-    assert [r.value for r in res] == list(range(len(delays)))
-    assert [r.reward for r in res] == [float(i) for i in range(len(delays))]
+    def conduct():
+        for t in finish:
+            go[t].set()
+            assert returned[t].wait(10)
+
+    conductor = threading.Thread(target=conduct, daemon=True)
+    conductor.start()
+    res = run(client, fn, range(len(finish)), ordered=True, max_concurrency=len(finish))
+    conductor.join(10)
+    assert [r.index for r in res] == list(range(len(finish)))
+    assert [r.value for r in res] == list(range(len(finish)))
+    assert [r.reward for r in res] == [float(i) for i in range(len(finish))]
 
 
 def test_unordered_yields_completion_order(backend, client):
-    delays = [0.4, 0.0, 0.2]
+    # One episode at a time is let finish, and the next only after its result was yielded.
+    go = {t: threading.Event() for t in range(3)}
 
     def fn(sb, t):
-        time.sleep(delays[t])
+        assert go[t].wait(10)
         return t
 
-    res = run(client, fn, range(3), ordered=False, max_concurrency=3)
-    assert sorted(r.index for r in res) == [0, 1, 2]
-    assert res[0].index == 1
-    assert res[-1].index == 0
+    with SandboxPool("sn-test", max_concurrency=3, client=client) as pool:
+        it = pool.map(fn, range(3), ordered=False, progress=False)
+        got = []
+        for t in (1, 2, 0):
+            go[t].set()
+            got.append(next(it).index)
+        assert list(it) == []
+    assert got == [1, 2, 0]
 
 
 def test_concurrency_bound(backend, client):
@@ -295,19 +313,21 @@ def test_concurrency_bound(backend, client):
     peak = [0]
     lock = threading.Lock()
 
+    together = threading.Barrier(3)  # every episode waits for two others: 3 must run at once
+
     def fn(sb, t):
         with lock:
             live[0] += 1
             peak[0] = max(peak[0], live[0])
-        time.sleep(0.05)
+        together.wait(10)
         with lock:
             live[0] -= 1
         return 1
 
     res = run(client, fn, range(12), max_concurrency=3)
     assert len(res) == 12
-    assert all(r.status == "ok" for r in res)
-    assert peak[0] <= 3
+    assert all(r.status == "ok" for r in res), [r.error for r in res]
+    assert peak[0] == 3
     assert len({r.sandbox_id for r in res}) == 12  # a sandbox is never reused
 
 

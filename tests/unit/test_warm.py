@@ -1,0 +1,86 @@
+"""The warm pool's refill policy (server/warm.py) against a small in-process service: a failed
+restore is retried with backoff while the pool lacks the spare, and given up once it does not."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
+
+from rollbox import errors
+from rollbox.server import warm
+from rollbox.server.warm import WarmPools
+from rollbox.types import SandboxInfo
+
+
+class Service:
+    """What WarmPools uses of SandboxService: snapshots.meta, spawn, restore, live, terminate."""
+
+    def __init__(self, faults: int) -> None:
+        self.faults = faults
+        self.restores = 0
+        self.live: dict[str, object] = {}
+        self.tasks: list[asyncio.Task[Any]] = []
+        self.snapshots = self
+        self.terminated: list[str] = []
+
+    def meta(self, snapshot_id: str) -> None:
+        return None
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self.tasks.append(asyncio.get_running_loop().create_task(coro))
+
+    async def restore(self, snapshot_id: str, **kw: Any) -> SandboxInfo:
+        self.restores += 1
+        if self.faults:
+            self.faults -= 1
+            raise errors.SandboxLost(f"restore {self.restores} failed")
+        sid = f"sb-{self.restores:032d}"
+        self.live[sid] = object()
+        return SandboxInfo(sandbox_id=sid, state="running", image_id="im-x", created_at=0.0, cpu=1.0,
+                           memory_mib=256, keep_warm_seconds=kw.get("keep_warm_seconds"))
+
+    async def terminate(self, sandbox_id: str, reason: str = "") -> None:
+        self.terminated.append(sandbox_id)
+
+    async def settle(self) -> None:
+        while any(not t.done() for t in self.tasks):
+            await asyncio.gather(*self.tasks)
+
+
+@pytest.fixture(autouse=True)
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(warm, "FILL_RETRY_FIRST_S", 0.0)
+
+
+def test_a_failed_restore_is_retried_until_the_spare_is_there() -> None:
+    async def go() -> tuple[Service, WarmPools]:
+        svc = Service(faults=2)
+        pools = WarmPools(svc)  # type: ignore[arg-type]
+        pools.set("sn-1", 1)
+        await svc.settle()
+        return svc, pools
+
+    svc, pools = asyncio.run(go())
+    assert svc.restores == 3
+    assert pools.status("sn-1")["ready"] == 1 and pools.status("sn-1")["filling"] == 0
+    assert pools.pools["sn-1"].failures == 0  # reset by the success
+
+
+def test_a_retry_stops_once_the_pool_is_gone() -> None:
+    async def go() -> tuple[Service, WarmPools, int]:
+        svc = Service(faults=10**6)
+        pools = WarmPools(svc)  # type: ignore[arg-type]
+        pools.set("sn-1", 1)
+        while svc.restores < 3:  # failing over and over
+            await asyncio.sleep(0)
+        pools.set("sn-1", 0)
+        before = svc.restores
+        await svc.settle()
+        return svc, pools, before
+
+    svc, pools, before = asyncio.run(go())
+    assert svc.restores <= before + 1  # at most the try already under way
+    assert pools.status("sn-1") == {"snapshot_id": "sn-1", "target": 0, "ready": 0, "filling": 0}
