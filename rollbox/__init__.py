@@ -7,7 +7,9 @@ from .version import __version__
 
 from .errors import (  # noqa: E402
     ApiError,
+    ContainerNotFound,
     DaemonUnavailable,
+    EpisodePoolNotFound,
     FileNotFoundInSandbox,
     FunctionTimeout,
     ImageBuildError,
@@ -40,7 +42,9 @@ from .types import EpisodeResult, ExecResult, FileEntry, SandboxInfo  # noqa: E4
 
 __all__ = [
     "ApiError",
+    "ContainerNotFound",
     "DaemonUnavailable",
+    "EpisodePoolNotFound",
     "EpisodeResult",
     "ExecResult",
     "FileEntry",
