@@ -271,28 +271,38 @@ def image_ls() -> None:
 
 
 @image_app.command("build")
-def image_build(target: str = typer.Argument(..., help="FILE.py:NAME, NAME an Image in that file")) -> None:
-    """Build an Image defined in a Python file (each step cached; unchanged steps do no work)."""
+def image_build(target: str = typer.Argument(..., help="a Dockerfile, or FILE.py:NAME (NAME an Image in that file)"),
+                context: Optional[str] = typer.Option(None, help="Dockerfile build context (default: its directory)"),
+                build_arg: list[str] = typer.Option([], "--build-arg", help="K=V for an ARG (repeatable)"),
+                stage: Optional[str] = typer.Option(None, "--target", help="the Dockerfile stage to build")) -> None:
+    """Build an Image defined in a Dockerfile or a Python file (each step cached; unchanged steps do no work)."""
     import runpy
 
     from ..sdk.image import Image
 
-    path, _, name = target.rpartition(":")
-    if not path or not name:
-        raise typer.BadParameter("expected FILE.py:NAME")
-    file = os.path.abspath(path)
-    if not os.path.isfile(file):
-        raise typer.BadParameter(f"{path}: no such file")
-    # Relative paths in the file (add_local_file("policy.py", ...)) are the file's own.
-    cwd = os.getcwd()
-    os.chdir(os.path.dirname(file))
-    try:
-        ns = runpy.run_path(file)
-    finally:
-        os.chdir(cwd)
-    img = ns.get(name)
-    if not isinstance(img, Image):
-        raise typer.BadParameter(f"{name} in {path} is not a rollbox Image")
+    if os.path.isfile(target) and not target.endswith(".py"):
+        from .dockerbuild import dockerfile_image
+
+        img = dockerfile_image(target, context, build_arg, stage)
+    else:
+        if context or build_arg or stage:
+            raise typer.BadParameter("--context, --build-arg and --target apply to a Dockerfile")
+        path, _, name = target.rpartition(":")
+        if not path or not name:
+            raise typer.BadParameter("expected a Dockerfile or FILE.py:NAME")
+        file = os.path.abspath(path)
+        if not os.path.isfile(file):
+            raise typer.BadParameter(f"{path}: no such file")
+        # Relative paths in the file (add_local_file("policy.py", ...)) are the file's own.
+        cwd = os.getcwd()
+        os.chdir(os.path.dirname(file))
+        try:
+            ns = runpy.run_path(file)
+        finally:
+            os.chdir(cwd)
+        img = ns.get(name)
+        if not isinstance(img, Image):
+            raise typer.BadParameter(f"{name} in {path} is not a rollbox Image")
     rep = img.build_report(_client())
     for st in rep["steps"]:
         print(f"{'cached' if st['cached'] else 'built':<7} {st['seconds']:>7.1f}s  {st['image_id']}  {st['step']}")

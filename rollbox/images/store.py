@@ -37,7 +37,8 @@ class ImageConfig:
     """What an OCI image config (or a builder step) says about running the image.
 
     env: "KEY=value" strings; working_dir, user ("uid[:gid]" or a name): for commands;
-    entrypoint + cmd: the image's main process.
+    entrypoint + cmd: the image's main process; exposed_ports ("8080/tcp") and labels: what
+    the image declares (recorded, not acted on: a sandbox's ports are set at create time).
     """
 
     env: list[str] = field(default_factory=list)
@@ -45,13 +46,16 @@ class ImageConfig:
     user: str | None = None
     entrypoint: list[str] | None = None
     cmd: list[str] | None = None
+    exposed_ports: list[str] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_oci(cls, config: dict[str, Any] | None) -> "ImageConfig":
         """From the "config" object of an OCI/Docker image config JSON."""
         c = config or {}
         return cls(env=list(c.get("Env") or []), working_dir=c.get("WorkingDir") or None,
-                   user=c.get("User") or None, entrypoint=c.get("Entrypoint") or None, cmd=c.get("Cmd") or None)
+                   user=c.get("User") or None, entrypoint=c.get("Entrypoint") or None, cmd=c.get("Cmd") or None,
+                   exposed_ports=sorted(c.get("ExposedPorts") or {}), labels=dict(c.get("Labels") or {}))
 
     def env_dict(self) -> dict[str, str]:
         return dict(e.split("=", 1) for e in self.env if "=" in e)

@@ -102,6 +102,33 @@ class Image:
         picks a manifest by its org.opencontainers.image.ref.name annotation."""
         return cls("", (("oci_layout", str(Path(path).resolve())), ("ref", ref)))
 
+    @classmethod
+    def from_dockerfile(cls, path: str | os.PathLike[str], context_dir: str | os.PathLike[str] | None = None,
+                        build_args: dict[str, str] | None = None, target: str | None = None) -> "Image":
+        """An image built from a Dockerfile (Beam's and Modal's name), each instruction one
+        cached layer: FROM, RUN, COPY/ADD (from `context_dir`, default the Dockerfile's
+        directory, with its .dockerignore; `--chown`, `--chmod`, `--from=STAGE`), ENV, ARG
+        (`build_args` override defaults), WORKDIR, USER, ENTRYPOINT, CMD, EXPOSE, LABEL.
+        `target`: the stage to build (default the last). The context files are read now.
+        See rollbox/images/dockerfile.py for the mapping.
+
+        Raises:
+            DockerfileError (an InvalidArgument): an unsupported instruction (HEALTHCHECK,
+                SHELL, VOLUME, ...), `FROM scratch`, ADD of a URL, a source missing from the
+                context; the message names the line.
+            InvalidArgument: the Dockerfile or context cannot be read.
+        """
+        import warnings
+
+        from ..images.dockerfile import translate
+
+        t = translate(path, context_dir, build_args, target)
+        for w in t.warnings:
+            warnings.warn(w, stacklevel=2)
+        if "image_id" in t.base:
+            return cls(str(t.base["image_id"]), (), tuple(t.steps))
+        return cls("", tuple(t.base.items()), tuple(t.steps))
+
     # ---- build steps ---------------------------------------------------------------------
 
     def _step(self, step: dict[str, Any]) -> "Image":

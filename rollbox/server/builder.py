@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from .. import errors
 from ..images.store import ImageConfig, ImageMeta
 from ..runtime.rootfs import copy_tree, remove_tree
+from . import dockerfile_steps
 
 if TYPE_CHECKING:
     from .service import SandboxService
@@ -47,7 +48,7 @@ SANDBOX_CA = "/tmp/.rollbox-build-ca.pem"
 STEP_TIMEOUT_S = 1800.0
 BUILD_MEMORY_MIB = 2048
 MANAGED_FILES = ("etc/hosts", "etc/resolv.conf", "etc/hostname")
-KINDS = ("run", "env", "workdir", "file", "dir")
+KINDS = ("run", "env", "workdir", "file", "dir", *dockerfile_steps.EXT_KINDS)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ def check_step(step: dict[str, Any]) -> dict[str, Any]:
     kind = step.get("kind")
     if kind not in KINDS:
         raise errors.InvalidArgument(f"build step kind {kind!r} is not one of {', '.join(KINDS)}")
+    if kind in dockerfile_steps.EXT_KINDS:
+        return dockerfile_steps.check(step)
     if kind == "run":
         cmds = step.get("commands")
         if not cmds or not all(isinstance(c, str) and c.strip() for c in cmds):
@@ -96,6 +99,8 @@ def describe(step: dict[str, Any]) -> str:
         text = " && ".join(step["commands"])
     elif kind == "env":
         text = " ".join(f"{k}={v}" for k, v in step["env"].items())
+    elif kind in dockerfile_steps.EXT_KINDS:
+        text = dockerfile_steps.describe(step)
     else:
         text = step["path"]
     return f"{kind} {text[:100]}{'…' if len(text) > 100 else ''}"
@@ -235,6 +240,8 @@ class Builder:
                     config = replace(config, working_dir=step["path"])
                 elif kind == "file":
                     await asyncio.to_thread(_write_file, rootfs, step)
+                elif kind in dockerfile_steps.EXT_KINDS:
+                    config = await dockerfile_steps.apply(self, parent, step, rootfs, config)
                 else:
                     await asyncio.to_thread(_extract_dir, rootfs, step)
             meta = ImageMeta(image_id, "build", parent, time.time(), config=asdict(config),
