@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pathspec
 
-from ..errors import InvalidArgument
 
 
 def _compile(pattern: str) -> pathspec.PathSpec:
@@ -76,14 +75,14 @@ class DockerIgnore:
         return out
 
 
-def context_rel(context: Path, src: str, line: int) -> str:
+def context_rel(context: Path, src: str) -> str:
     """`src` of a COPY/ADD as a normalised path relative to the context root.
 
-    Raises InvalidArgument when it leaves the context (`../x`)."""
+    Raises ValueError when it leaves the context (`../x`)."""
     rel = posixpath.normpath(src.lstrip("/")) if src.strip("/") else "."
     if rel == ".." or rel.startswith("../"):
-        raise InvalidArgument(f"Dockerfile line {line}: source {src!r} is outside the build context {context}; "
-                              "move it into the context directory (or pass a larger --context)")
+        raise ValueError(f"source {src!r} is outside the build context {context}; "
+                         "move it into the context directory (or pass a larger --context)")
     return rel
 
 
@@ -147,9 +146,10 @@ class ContextTar:
             if c in kept or c in parents:
                 self._add(p, posixpath.join(arc_root, c if rel == "." else posixpath.relpath(c, rel)).lstrip("/"))
 
-    def add_archive(self, path: Path, line: int) -> None:
+    def add_archive(self, path: Path) -> None:
         """ADD of a local tar (plain, gzip, bzip2 or xz): its members, extracted at the
-        destination (owners and modes as in the archive, times dropped)."""
+        destination (owners and modes as in the archive, times dropped). Raises ValueError
+        for an unreadable archive."""
         try:
             with tarfile.open(path) as src:
                 for ti in src:
@@ -160,7 +160,7 @@ class ContextTar:
                     self.tf.addfile(ti, src.extractfile(ti) if ti.isreg() else None)
                     self.count += 1
         except tarfile.TarError as e:
-            raise InvalidArgument(f"Dockerfile line {line}: ADD {path.name}: cannot read the archive ({e})") from None
+            raise ValueError(f"cannot read the archive {path.name} ({e})") from None
 
     def close(self) -> bytes:
         self.tf.close()

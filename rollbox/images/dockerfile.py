@@ -359,7 +359,10 @@ class _Translator:
         for rel, is_file in files:
             path = self.context / rel
             if add and is_file and _is_archive(path):
-                tar.add_archive(path, self.line)
+                try:
+                    tar.add_archive(path)
+                except ValueError as e:
+                    raise self.err(str(e)) from None
                 single = False
             else:
                 tar.add_source(rel, posixpath.basename(rel) if is_file or path.is_symlink() else "")
@@ -367,7 +370,10 @@ class _Translator:
                             "single": single, "chown": chown})
 
     def expand(self, src: str) -> list[tuple[str, bool]]:
-        rel = context_rel(self.context, src, self.line)
+        try:
+            rel = context_rel(self.context, src)
+        except ValueError as e:
+            raise self.err(str(e)) from None
         if any(c in rel for c in "*?["):
             hits = sorted(str(p.relative_to(self.context)) for p in self.context.glob(rel))
         else:
