@@ -300,9 +300,10 @@ def image_build(target: str = typer.Argument(..., help="a Dockerfile, or FILE.py
             ns = runpy.run_path(file)
         finally:
             os.chdir(cwd)
-        img = ns.get(name)
-        if not isinstance(img, Image):
+        found = ns.get(name)
+        if not isinstance(found, Image):
             raise typer.BadParameter(f"{name} in {path} is not a rollbox Image")
+        img = found
     rep = img.build_report(_client())
     for st in rep["steps"]:
         print(f"{'cached' if st['cached'] else 'built':<7} {st['seconds']:>7.1f}s  {st['image_id']}  {st['step']}")

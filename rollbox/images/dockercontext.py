@@ -138,10 +138,10 @@ class ContextTar:
         # A directory that is excluded but holds a re-included entry (`!dir/keep`) stays.
         parents: set[str] = set()
         for c in kept:
-            d = posixpath.dirname(c)
-            while d not in ("", ".", rel) and d not in parents:
-                parents.add(d)
-                d = posixpath.dirname(d)
+            up = posixpath.dirname(c)
+            while up not in ("", ".", rel) and up not in parents:
+                parents.add(up)
+                up = posixpath.dirname(up)
         for c, p in entries:
             if c in kept or c in parents:
                 self._add(p, posixpath.join(arc_root, c if rel == "." else posixpath.relpath(c, rel)).lstrip("/"))

@@ -83,10 +83,15 @@ def check(step: dict[str, Any]) -> dict[str, Any]:
             raise errors.InvalidArgument("a copy step needs a base64 `tar`")
         return step
     stage = step.get("stage")
-    if not isinstance(stage, dict) or not isinstance(stage.get("base"), dict) or not isinstance(stage.get("steps"), list):
-        raise errors.InvalidArgument("a copy_from step needs a stage {base, steps}")
+    if not isinstance(stage, dict) or not isinstance(stage.get("base"), dict) or not isinstance(stage.get("steps"), list) \
+            or not all(isinstance(s, dict) for s in stage["steps"]):
+        raise errors.InvalidArgument("a copy_from step needs a stage {base: {...}, steps: [{...}, ...]}")
+    from .builder import check_step
+
+    for s in stage["steps"]:
+        check_step(s)  # the whole stage is refused before anything is built
     srcs = step.get("sources")
-    if not srcs or not all(isinstance(s, str) and s.startswith("/") and "\0" not in s for s in srcs):
+    if not isinstance(srcs, list) or not srcs or not all(isinstance(s, str) and s.startswith("/") and "\0" not in s for s in srcs):
         raise errors.InvalidArgument("a copy_from step needs absolute source paths")
     mode = step.get("chmod")
     if mode is not None and (isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777):
@@ -113,7 +118,10 @@ async def apply(builder: "Builder", parent: str, step: dict[str, Any], rootfs: P
     lowers = store.layers(parent)
     owner = _owner(lowers, step["chown"]) if step.get("chown") else None
     if kind == "copy":
-        raw = base64.b64decode(step["tar"], validate=True)
+        try:
+            raw = base64.b64decode(step["tar"], validate=True)
+        except ValueError:
+            raise errors.InvalidArgument(f"copy step {step['path']}: tar is not base64") from None
         await asyncio.to_thread(place, lowers, rootfs, step["path"], io.BytesIO(raw), bool(step.get("single")), owner)
         return config
     stage = step["stage"]

@@ -315,7 +315,10 @@ def test_step_validation_refuses_malformed_steps() -> None:
            {"kind": "copy", "path": "/a"}, {"kind": "copy", "path": "/a", "tar": "", "chown": "a b"},
            {"kind": "copy_from", "path": "/a", "stage": {}, "sources": ["/x"]},
            {"kind": "copy_from", "path": "/a", "stage": {"base": {}, "steps": []}, "sources": ["x"]},
-           {"kind": "copy_from", "path": "/a", "stage": {"base": {}, "steps": []}, "sources": ["/x"], "chmod": 0o17777}]
+           {"kind": "copy_from", "path": "/a", "stage": {"base": {}, "steps": []}, "sources": ["/x"], "chmod": 0o17777},
+           {"kind": "copy_from", "path": "/a", "stage": {"base": {}, "steps": []}, "sources": 5},
+           {"kind": "copy_from", "path": "/a", "stage": {"base": {}, "steps": [7]}, "sources": ["/x"]},
+           {"kind": "copy_from", "path": "/a", "stage": {"base": {}, "steps": [{"kind": "run"}]}, "sources": ["/x"]}]
     for step in bad:
         with pytest.raises(InvalidArgument):
             check_step(step)
