@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import posixpath
 import re
 import tarfile
@@ -88,7 +89,7 @@ class CopyInstructions:
                                 "dest_dir": dest_dir, "chown": chown, "chmod": chmod})
             return
         tar = ContextTar(self.context, self.ignore, chmod)
-        files: list[tuple[str, bool]] = []  # (context path, is a plain file)
+        files: list[tuple[str, str, bool]] = []  # (context path, name, is a plain file)
         for src in srcs:
             if add and (re.match(r"^[a-z][a-z0-9+.-]*://", src) or src.startswith("git@")):
                 raise self.err(f"ADD of a URL ({src}) is not supported: rollbox builds offline from the "
@@ -96,8 +97,8 @@ class CopyInstructions:
             files.extend(self.expand(src))
         if len(files) > 1:
             dest_dir = True
-        single = len(files) == 1 and files[0][1] and not dest_dir
-        for rel, is_file in files:
+        single = len(files) == 1 and files[0][2] and not dest_dir
+        for rel, name, is_file in files:
             path = self.context / rel
             if add and is_file and _is_archive(path):
                 try:
@@ -106,11 +107,13 @@ class CopyInstructions:
                     raise self.err(str(e)) from None
                 single = False
             else:
-                tar.add_source(rel, posixpath.basename(rel) if is_file or path.is_symlink() else "")
+                tar.add_source(rel, name if is_file else "")
         stage.steps.append({"kind": "copy", "path": dest, "tar": base64.b64encode(tar.close()).decode(),
                             "single": single, "chown": chown})
 
-    def expand(self, src: str) -> list[tuple[str, bool]]:
+    def expand(self, src: str) -> list[tuple[str, str, bool]]:
+        """The context entries `src` names (a glob: each match), .dockerignore applied, each as
+        (context path with a symlink source followed, its name, is a plain file)."""
         try:
             rel = context_rel(self.context, src)
         except ValueError as e:
@@ -123,7 +126,16 @@ class CopyInstructions:
         if not hits:
             raise self.err(f"source {src!r} is not in the build context {self.context} (or .dockerignore "
                            "excludes it)")
-        return [(h, (self.context / h).is_file() and not (self.context / h).is_symlink()) for h in hits]
+        out = []
+        for h in hits:
+            real = Path(os.path.realpath(self.context / h))  # Docker follows a source that is a symlink
+            if real != self.context and self.context not in real.parents:
+                raise self.err(f"source {h!r} is a symbolic link to {real}, outside the build context")
+            if not real.exists():
+                raise self.err(f"source {h!r} is a dangling symbolic link")
+            rel = str(real.relative_to(self.context)) if real != self.context else "."
+            out.append((rel, posixpath.basename(h), real.is_file()))
+        return out
 
     def copy_source_stage(self, ref: str) -> dict[str, Any]:
         for s in self.stages:

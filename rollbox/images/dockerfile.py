@@ -142,6 +142,7 @@ class _Translator(CopyInstructions):
 
     def translate(self, target: str | None) -> DockerfileImage:
         stage: _Stage | None = None
+        prev = ""
         for ins in self.parser.structure:
             self.insn, self.line = ins["instruction"], ins["startline"] + 1
             value = ins["value"] or ""
@@ -151,7 +152,11 @@ class _Translator(CopyInstructions):
                 raise self.err("rollbox does not support this instruction; remove it (a sandbox's health, "
                                "volumes and shell are set when it is created, not in the image)")
             if self.insn not in SUPPORTED:
-                raise self.err(f"unknown instruction; rollbox supports {', '.join(SUPPORTED)}")
+                hint = (" (the line above starts a heredoc, `<<EOF`, which rollbox does not support: "
+                        "write the file into the context and COPY it, or use printf in RUN)") \
+                    if re.search(r"<<-?\s*['\"]?\w+", prev) else ""
+                raise self.err(f"unknown instruction; rollbox supports {', '.join(SUPPORTED)}{hint}")
+            prev = value
             if self.insn == "FROM":
                 stage = self.from_(value)
                 self.stages.append(stage)

@@ -313,13 +313,16 @@ def _tar_from_image(lowers: list[Path], sources: list[str], f: BinaryIO, chmod: 
                     walk(f"{rel}/{name}" if rel else name, posixpath.join(arc, name) if arc else name)
 
         for src in sources:
-            rel = resolve_in_image(lowers, src).strip("/") if src.strip("/") else ""
+            # Every component followed inside the image, the last one too (Docker follows a
+            # source that is a symlink).
+            rel = posixpath.dirname(resolve_in_image(lowers, src.rstrip("/") + "/_")).strip("/") \
+                if src.strip("/") else ""
             hit = _lookup(lowers, rel) if rel else lowers[-1]
-            if hit is None:
+            if hit is None or hit.is_symlink():
                 raise errors.ImageBuildError(f"COPY --from: {src} does not exist in the source stage")
-            if hit.is_dir() and not hit.is_symlink():
+            if hit.is_dir():
                 walk(rel, "")
             else:
-                add(hit, posixpath.basename(rel))
-                single = len(sources) == 1 and hit.is_file() and not hit.is_symlink()
+                add(hit, posixpath.basename(src.rstrip("/")))
+                single = len(sources) == 1 and hit.is_file()
     return single

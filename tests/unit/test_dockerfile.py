@@ -225,6 +225,24 @@ def test_add_extracts_a_local_tar_and_refuses_urls(tmp_path: Path) -> None:
         df(tmp_path, "FROM debian\nADD https://x.org/a.tgz /a\n")
 
 
+def test_a_symlinked_source_is_followed_inside_the_context(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "f.txt").write_text("f")
+    (tmp_path / "link.txt").symlink_to("real/f.txt")
+    (tmp_path / "linkdir").symlink_to("real")
+    steps = df(tmp_path, "FROM debian\nCOPY link.txt /a\nCOPY linkdir /b\n")
+    assert (steps[0]["single"], names(steps[0])) == (True, ["link.txt"])
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(steps[0]["tar"]))) as tf:
+        assert tf.getmember("link.txt").isfile()
+    assert names(steps[1]) == ["f.txt"]
+    (tmp_path / "out.txt").symlink_to("/etc/passwd")
+    with pytest.raises(DockerfileError, match="line 2: COPY: source 'out.txt' is a symbolic link to /etc/passwd"):
+        df(tmp_path, "FROM debian\nCOPY out.txt /x\n")
+    (tmp_path / "dangling").symlink_to("nope")
+    with pytest.raises(DockerfileError, match="dangling"):
+        df(tmp_path, "FROM debian\nCOPY dangling /x\n")
+
+
 # ---- .dockerignore ----------------------------------------------------------------------------
 
 def test_dockerignore_rules() -> None:
@@ -289,6 +307,7 @@ def test_unsupported_instructions_name_themselves_and_their_line(tmp_path: Path,
     ("FROM debian AS\n", "line 1: FROM: expected `FROM image"),
     ("FROM debian\nARG 1BAD=x\n", "line 2: ARG: '1BAD' is not a valid argument name"),
     ("FROM debian\nUSER\n", "line 2"),
+    ("FROM debian\nRUN cat > /f <<EOF\nhello\nEOF\n", "line 3: HELLO: unknown instruction.*heredoc"),
 ])
 def test_malformed_dockerfiles(tmp_path: Path, text: str, match: str) -> None:
     with pytest.raises(DockerfileError, match=match):
@@ -417,6 +436,23 @@ def test_copy_out_of_a_stage_reads_the_merged_layers(tmp_path: Path) -> None:
     assert (os.stat(up / "dst/a").st_uid, os.stat(up / "dst").st_gid) == (1234, 5678)
     with pytest.raises(ImageBuildError, match="/out/gone does not exist"):
         ds._tar_from_image([upper, lower], ["/out/gone"], io.BytesIO(), None)
+
+
+def test_copy_out_of_a_stage_follows_a_symlinked_source(tmp_path: Path) -> None:
+    layer = _layer(tmp_path / "l", {"usr/lib/libx.so.1": "lib"})
+    (layer / "usr/lib/libx.so").symlink_to("libx.so.1")
+    (layer / "lib").symlink_to("usr/lib")
+    (layer / "abs").symlink_to("/usr/lib/libx.so")
+    for src in ("/lib/libx.so", "/abs"):
+        f = io.BytesIO()
+        assert ds._tar_from_image([layer], [src], f, 0o640) is True
+        f.seek(0)
+        with tarfile.open(fileobj=f) as tf:
+            (ti,) = tf.getmembers()
+            assert (ti.name, ti.isfile(), ti.mode) == (src.rsplit("/", 1)[1], True, 0o640)
+    (layer / "dangling").symlink_to("nowhere")
+    with pytest.raises(ImageBuildError, match="/dangling does not exist"):
+        ds._tar_from_image([layer], ["/dangling"], io.BytesIO(), None)
 
 
 def _write(tmp: Path, text: str) -> Path:
