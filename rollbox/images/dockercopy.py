@@ -18,6 +18,7 @@ from .dockercontext import ContextTar, DockerIgnore, context_rel
 if TYPE_CHECKING:
     from .dockerfile import DockerfileError, _Stage
 
+SCRATCH_IMAGE_ID = "im-scratch"  # rollbox/server/dockerfile_steps.py stores it on first use
 DEBIAN_REF = re.compile(r"^(docker\.io/)?(library/)?debian(:(bookworm|12)[\w.-]*)?$")
 
 
@@ -159,7 +160,9 @@ def _is_archive(path: Path) -> bool:
 
 def base_of(ref: str) -> dict[str, Any]:
     """The builder's wire base for a FROM reference: the Debian base for `debian`,
-    `debian:bookworm*` and `debian:12*`, else a registry pull."""
+    `debian:bookworm*` and `debian:12*`, the empty image for `scratch`, else a registry pull."""
     if DEBIAN_REF.match(ref.lower()):
         return {"image_id": DEBIAN_IMAGE_ID}
+    if ref.lower() == "scratch":
+        return {"image_id": SCRATCH_IMAGE_ID}
     return {"registry": ref, "credentials": None, "insecure": False}

@@ -23,8 +23,10 @@ cached, content-addressed layer:
 Variables: `$V`, `${V}`, `${V:-word}` and `${V:+word}` in FROM (global ARGs), ENV, WORKDIR,
 USER, COPY/ADD, EXPOSE and LABEL, as in Docker (RUN, CMD and ENTRYPOINT are left to the shell).
 A variable set by the base image's config (e.g. `$PATH`) is expanded at build time.
-Anything else (HEALTHCHECK, ONBUILD, STOPSIGNAL, SHELL, VOLUME, `FROM scratch`, ...) raises
-`DockerfileError` naming the instruction and its line.
+Anything else (HEALTHCHECK, ONBUILD, STOPSIGNAL, SHELL, VOLUME, ...) raises
+`DockerfileError` naming the instruction and its line. `FROM scratch` is an empty image:
+COPY works on it, RUN has no shell there (as in Docker), and a sandbox of it boots (rollbox's
+agent is static).
 """
 
 from __future__ import annotations
@@ -190,9 +192,6 @@ class _Translator(CopyInstructions):
         if not ref or len(words) not in (1, 3):
             raise self.err(f"expected `FROM image[:tag] [AS name]`, got {value!r}")
         name = name.lower() if name else None
-        if ref.lower() == "scratch":
-            raise self.err("FROM scratch is not supported: rollbox runs build steps in a sandbox of the "
-                           "parent image; start FROM debian:bookworm-slim or another image")
         for s in self.stages:
             if s.name is not None and s.name == ref.lower():
                 return _Stage(name, dict(s.base), list(s.steps), dict(s.env), s.workdir)

@@ -125,8 +125,10 @@ class Image:
         t = translate(path, context_dir, build_args, target)
         for w in t.warnings:
             warnings.warn(w, stacklevel=2)
-        if "image_id" in t.base:
-            return cls(str(t.base["image_id"]), (), tuple(t.steps))
+        if t.base.get("image_id") == DEBIAN_IMAGE_ID:
+            return cls(DEBIAN_IMAGE_ID, (), tuple(t.steps))
+        if "image_id" in t.base:  # FROM scratch: the daemon stores the empty image on first use
+            return cls(str(t.base["image_id"]), tuple(t.base.items()), tuple(t.steps))
         return cls("", tuple(t.base.items()), tuple(t.steps))
 
     # ---- build steps ---------------------------------------------------------------------

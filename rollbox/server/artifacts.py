@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import errors
 from ..images.debian import DEBIAN_IMAGE_ID
+from . import dockerfile_steps
 from .builder import Builder
 from .context import ServiceContext
 from .registry import Running
@@ -78,6 +79,8 @@ class Artifacts:
         image_id = str(base.get("image_id") or DEBIAN_IMAGE_ID)
         if image_id == DEBIAN_IMAGE_ID:
             await asyncio.to_thread(images.ensure_debian)
+        elif image_id == dockerfile_steps.SCRATCH_IMAGE_ID:  # a Dockerfile's FROM scratch
+            await asyncio.to_thread(dockerfile_steps.ensure_scratch, images)
         images.meta(image_id)
         return image_id
 

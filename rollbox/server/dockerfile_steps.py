@@ -27,6 +27,7 @@ import io
 import os
 import posixpath
 import re
+import shutil
 import stat
 import tarfile
 import tempfile
@@ -35,12 +36,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .. import errors
-from ..images.store import ImageConfig
+from ..images.store import ImageConfig, ImageMeta, ImageStore
 
 if TYPE_CHECKING:
     from .builder import Builder
 
 EXT_KINDS = ("config", "copy", "copy_from")
+SCRATCH_IMAGE_ID = "im-scratch"  # FROM scratch: an empty image (the agent still boots in it)
 CONFIG_KEYS = ("user", "entrypoint", "cmd", "expose", "labels", "env", "workdir")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _MARKER = re.compile("\x00(\\w+)\x00")
@@ -133,6 +135,22 @@ async def apply(builder: "Builder", parent: str, step: dict[str, Any], rootfs: P
         f.seek(0)
         await asyncio.to_thread(place, lowers, rootfs, step["path"], f, single and not step.get("dest_dir"), owner)
     return config
+
+
+def ensure_scratch(store: ImageStore) -> str:
+    """Stores the empty image that `FROM scratch` builds on (once); returns its id."""
+    if not store.exists(SCRATCH_IMAGE_ID):
+        staged = store.staging_dir("scratch")
+        (staged / "rootfs").mkdir()
+        try:
+            store.add_image(ImageMeta(SCRATCH_IMAGE_ID, "filesystem", None, 0.0, source="FROM scratch"),
+                            staged / "rootfs")
+        except OSError:
+            if not store.exists(SCRATCH_IMAGE_ID):  # not another build storing it at the same time
+                raise
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+    return SCRATCH_IMAGE_ID
 
 
 def _config(config: ImageConfig, step: dict[str, Any]) -> ImageConfig:

@@ -115,3 +115,17 @@ def test_cli_reports_an_unsupported_instruction_with_its_line(tmp_path: Path) ->
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "DockerfileError: Dockerfile line 2: HEALTHCHECK: rollbox does not support" in r.stderr
+
+
+def test_from_scratch_holds_only_what_was_copied_and_boots(tmp_path: Path, make_sandbox) -> None:
+    (tmp_path / "a.txt").write_text("from the context\n")
+    (tmp_path / "Dockerfile").write_text("FROM debian AS build\nRUN echo built > /b.txt\n"
+                                         "FROM scratch\nCOPY --from=build /b.txt /data/b.txt\nCOPY a.txt /\n")
+    image_id = Image.from_dockerfile(tmp_path / "Dockerfile").build()
+    sb = make_sandbox(image=Image.from_id(image_id))
+    assert sb.fs.read_file("/data/b.txt") == b"built\n" and sb.fs.read_file("/a.txt") == b"from the context\n"
+    names = {e.name for e in sb.fs.list_files("/")}
+    assert {"a.txt", "data"} <= names and not names & {"bin", "usr", "var"}  # nothing of Debian
+    (tmp_path / "Dockerfile").write_text("FROM scratch\nRUN true\n")
+    with pytest.raises(ImageBuildError):  # no shell in an empty image, as in Docker
+        Image.from_dockerfile(tmp_path / "Dockerfile").build()

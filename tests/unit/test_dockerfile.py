@@ -63,6 +63,20 @@ def test_other_refs_are_registry_pulls_and_global_args_reach_from(tmp_path: Path
     assert translate(_write(tmp_path, "FROM debian:trixie\n")).base["registry"] == "debian:trixie"
 
 
+def test_from_scratch_is_the_empty_image(tmp_path: Path) -> None:
+    from rollbox.images.store import ImageStore
+
+    p = _write(tmp_path, "FROM scratch\nCOPY Dockerfile /\n")
+    assert translate(p).base == {"image_id": ds.SCRATCH_IMAGE_ID}
+    img = Image.from_dockerfile(p)
+    assert img.needs_build and img.base_wire() == {"image_id": ds.SCRATCH_IMAGE_ID}
+    store = ImageStore(tmp_path / "images")
+    assert ds.ensure_scratch(store) == ds.SCRATCH_IMAGE_ID and ds.ensure_scratch(store) == ds.SCRATCH_IMAGE_ID
+    assert store.layers(ds.SCRATCH_IMAGE_ID) == [tmp_path / "images" / ds.SCRATCH_IMAGE_ID / "rootfs"]
+    assert os.listdir(tmp_path / "images" / ds.SCRATCH_IMAGE_ID / "rootfs") == []
+    assert os.listdir(tmp_path / "images" / "_layers") == []  # no staging left behind
+
+
 def test_from_an_earlier_stage_continues_its_steps(tmp_path: Path) -> None:
     steps = df(tmp_path, "FROM debian AS a\nENV X=1\nWORKDIR /w\nFROM a\nRUN pwd\n")
     assert steps == [{"kind": "env", "env": {"X": "1"}}, {"kind": "workdir", "path": "/w"},
@@ -301,7 +315,6 @@ def test_unsupported_instructions_name_themselves_and_their_line(tmp_path: Path,
 
 @pytest.mark.parametrize("text,match", [
     ("FROM debian\nFROBNICATE x\n", "line 2: FROBNICATE: unknown instruction"),
-    ("FROM scratch\n", "line 1: FROM: FROM scratch is not supported"),
     ("RUN true\nFROM debian\n", "line 1: RUN: only ARG may come before the first FROM"),
     ("# nothing\n", "has no FROM instruction"),
     ("FROM debian AS\n", "line 1: FROM: expected `FROM image"),
