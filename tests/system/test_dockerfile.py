@@ -37,12 +37,13 @@ COPY --from=build /out/greeting.txt /srv/greeting.txt
 COPY --from=build /out/sub /srv/sub
 ADD tools.tar.gz /opt/
 USER app
+RUN id -un > /home/app/built-by
 EXPOSE 8080
 CMD ["python3", "main.py"]
 """
 
 CHECK = ("id -un; pwd; echo $APP_MODE; echo $PATH; cat /srv/greeting.txt; stat -c '%a %U' /srv/greeting.txt; "
-         "cat /srv/sub/n.txt; ls -A; stat -c %U main.py; tool.sh")
+         "cat /srv/sub/n.txt; ls -A; stat -c %U main.py; tool.sh; cat /home/app/built-by")
 
 
 def _context(root: Path) -> Path:
@@ -74,13 +75,14 @@ def test_dockerfile_builds_runs_and_caches(tmp_path: Path, make_sandbox) -> None
     dockerfile = _context(tmp_path)
     img = Image.from_dockerfile(dockerfile, build_args={"GREETING": "hi"})
     first = img.build_report()
-    assert len(first["steps"]) == 10 and not all(s["cached"] for s in first["steps"])
+    assert len(first["steps"]) == 11 and not all(s["cached"] for s in first["steps"])
     sb = make_sandbox(image=Image.from_id(first["image_id"]))
     r = sb.exec("sh", "-c", CHECK, timeout=60)
     assert r.exit_code == 0, r.stderr
     assert r.stdout.decode().splitlines() == [
         "app", "/srv/app", "test", "/opt/tools:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "hi from build", "754 root", "nested", "main.py", "app", "tool ran"]  # no secret.txt, no build.log
+        "hi from build", "754 root", "nested", "main.py", "app", "tool ran",
+        "app"]  # no secret.txt, no build.log; a RUN after USER runs as that user
     meta = json.loads((Paths.from_env().images / first["image_id"] / "meta.json").read_text())
     assert meta["config"]["exposed_ports"] == ["8080/tcp"] and meta["config"]["cmd"] == ["python3", "main.py"]
     assert meta["config"]["user"] == "app" and meta["config"]["working_dir"] == "/srv/app"
@@ -88,18 +90,18 @@ def test_dockerfile_builds_runs_and_caches(tmp_path: Path, make_sandbox) -> None
     # The same Dockerfile again, from the CLI: every layer cached, the same image.
     out = _cli_build(dockerfile, "--build-arg", "GREETING=hi")
     assert out[-1] == first["image_id"]
-    assert [ln.split()[0] for ln in out[:-1]] == ["cached"] * 10
+    assert [ln.split()[0] for ln in out[:-1]] == ["cached"] * 11
 
     # A new last line: only that layer is built.
     dockerfile.write_text(dockerfile.read_text().replace('CMD ["python3", "main.py"]', 'CMD ["python3", "-V"]'))
     changed = Image.from_dockerfile(dockerfile, build_args={"GREETING": "hi"}).build_report()
-    assert [s["cached"] for s in changed["steps"]] == [True] * 9 + [False]
+    assert [s["cached"] for s in changed["steps"]] == [True] * 10 + [False]
     assert changed["steps"][-1]["seconds"] < 5 and changed["image_id"] != first["image_id"]
 
     # Another build arg changes the first stage: the COPY --from layers and the ones after
     # rebuild, those before them stay cached.
     other = Image.from_dockerfile(dockerfile, build_args={"GREETING": "yo"}).build_report()
-    assert [s["cached"] for s in other["steps"]] == [True] * 4 + [False] * 6
+    assert [s["cached"] for s in other["steps"]] == [True] * 4 + [False] * 7
 
 
 def test_chown_to_a_user_the_image_lacks_is_a_build_error(tmp_path: Path) -> None:
