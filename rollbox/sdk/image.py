@@ -110,7 +110,7 @@ class Image:
         directory, with its .dockerignore; `--chown`, `--chmod`, `--from=STAGE`), ENV, ARG
         (`build_args` override defaults), WORKDIR, USER, ENTRYPOINT, CMD, EXPOSE, LABEL.
         `target`: the stage to build (default the last). The context files are read now.
-        See rollbox/images/dockerfile.py for the mapping.
+        See rollbox/sdk/dockerfile.py for the mapping.
 
         Raises:
             DockerfileError (an InvalidArgument): an unsupported instruction (HEALTHCHECK,
@@ -120,7 +120,7 @@ class Image:
         """
         import warnings
 
-        from ..images.dockerfile import translate
+        from .dockerfile import translate
 
         t = translate(path, context_dir, build_args, target)
         for w in t.warnings:

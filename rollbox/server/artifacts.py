@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import errors
 from ..images.debian import DEBIAN_IMAGE_ID
-from . import dockerfile_steps
+from . import dockerfile_steps  # FROM scratch; importing it also adds its step kinds to the builder
 from .builder import Builder
 from .context import ServiceContext
 from .registry import Running

@@ -32,12 +32,11 @@ import tarfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from .. import errors
 from ..images.store import ImageConfig, ImageMeta
 from ..runtime.rootfs import copy_tree, remove_tree
-from . import dockerfile_steps
 
 if TYPE_CHECKING:
     from .service import SandboxService
@@ -48,7 +47,21 @@ SANDBOX_CA = "/tmp/.rollbox-build-ca.pem"
 STEP_TIMEOUT_S = 1800.0
 BUILD_MEMORY_MIB = 2048
 MANAGED_FILES = ("etc/hosts", "etc/resolv.conf", "etc/hostname")
-KINDS = ("run", "env", "workdir", "file", "dir", *dockerfile_steps.EXT_KINDS)
+KINDS = ("run", "env", "workdir", "file", "dir")
+
+
+@dataclass(frozen=True)
+class StepKind:
+    """A step kind another module adds: its check, describe and build functions (build
+    writes the step into the empty layer `rootfs` and returns the image's new config)."""
+
+    check: Callable[[dict[str, Any]], dict[str, Any]]
+    describe: Callable[[dict[str, Any]], str]
+    build: Callable[["Builder", str, dict[str, Any], Path, ImageConfig], Awaitable[ImageConfig]]
+
+
+# Filled by rollbox/server/dockerfile_steps.py (a Dockerfile's config, copy and copy_from).
+EXTRA_KINDS: dict[str, StepKind] = {}
 
 
 @dataclass(frozen=True)
@@ -62,10 +75,10 @@ class StepReport:
 def check_step(step: dict[str, Any]) -> dict[str, Any]:
     """Validates one step's wire form; raises InvalidArgument naming what is wrong."""
     kind = step.get("kind")
+    if isinstance(kind, str) and kind in EXTRA_KINDS:
+        return EXTRA_KINDS[kind].check(step)
     if kind not in KINDS:
-        raise errors.InvalidArgument(f"build step kind {kind!r} is not one of {', '.join(KINDS)}")
-    if kind in dockerfile_steps.EXT_KINDS:
-        return dockerfile_steps.check(step)
+        raise errors.InvalidArgument(f"build step kind {kind!r} is not one of {', '.join([*KINDS, *EXTRA_KINDS])}")
     if kind == "run":
         cmds = step.get("commands")
         if not cmds or not all(isinstance(c, str) and c.strip() for c in cmds):
@@ -99,8 +112,8 @@ def describe(step: dict[str, Any]) -> str:
         text = " && ".join(step["commands"])
     elif kind == "env":
         text = " ".join(f"{k}={v}" for k, v in step["env"].items())
-    elif kind in dockerfile_steps.EXT_KINDS:
-        text = dockerfile_steps.describe(step)
+    elif kind in EXTRA_KINDS:
+        text = EXTRA_KINDS[kind].describe(step)
     else:
         text = step["path"]
     return f"{kind} {text[:100]}{'…' if len(text) > 100 else ''}"
@@ -240,8 +253,8 @@ class Builder:
                     config = replace(config, working_dir=step["path"])
                 elif kind == "file":
                     await asyncio.to_thread(_write_file, rootfs, step)
-                elif kind in dockerfile_steps.EXT_KINDS:
-                    config = await dockerfile_steps.apply(self, parent, step, rootfs, config)
+                elif kind in EXTRA_KINDS:
+                    config = await EXTRA_KINDS[kind].build(self, parent, step, rootfs, config)
                 else:
                     await asyncio.to_thread(_extract_dir, rootfs, step)
             meta = ImageMeta(image_id, "build", parent, time.time(), config=asdict(config),

@@ -1,4 +1,4 @@
-"""The builder steps that Dockerfiles need beyond the SDK's own (see rollbox/images/dockerfile.py).
+"""The builder steps that Dockerfiles need beyond the SDK's own (see rollbox/sdk/dockerfile.py).
 
     {"kind": "config", "user"?: str, "entrypoint"?: [str]|None, "cmd"?: [str]|None,
      "expose"?: ["80/tcp"], "labels"?: {k: v}, "env"?: {K: v}, "workdir"?: "/"}
@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .. import errors
 from ..images.store import ImageConfig, ImageMeta, ImageStore
+from .builder import EXTRA_KINDS, StepKind, _lookup, check_step, resolve_in_image
 
 if TYPE_CHECKING:
     from .builder import Builder
@@ -88,8 +89,6 @@ def check(step: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(stage, dict) or not isinstance(stage.get("base"), dict) or not isinstance(stage.get("steps"), list) \
             or not all(isinstance(s, dict) for s in stage["steps"]):
         raise errors.InvalidArgument("a copy_from step needs a stage {base: {...}, steps: [{...}, ...]}")
-    from .builder import check_step
-
     for s in stage["steps"]:
         check_step(s)  # the whole stage is refused before anything is built
     srcs = step.get("sources")
@@ -172,8 +171,6 @@ def _config(config: ImageConfig, step: dict[str, Any]) -> ImageConfig:
 
 
 def _read_db(lowers: list[Path], rel: str) -> dict[str, list[str]]:
-    from .builder import _lookup
-
     p = _lookup(lowers, rel)
     if p is None or p.is_symlink() or not p.is_file():
         return {}
@@ -222,8 +219,6 @@ def _safe_filter(owner: tuple[int, int] | None):  # type: ignore[no-untyped-def]
 def _mkparents(lowers: list[Path], rootfs: Path, rel: str, owner: tuple[int, int] | None) -> None:
     """Creates rootfs/rel's directories in the new layer with the image's modes and owners
     (an upper directory's attributes hide the lower one's: /tmp must stay 1777)."""
-    from .builder import _lookup
-
     cur = ""
     for part in [p for p in rel.split("/") if p]:
         cur = f"{cur}/{part}" if cur else part
@@ -245,8 +240,6 @@ def _mkparents(lowers: list[Path], rootfs: Path, rel: str, owner: tuple[int, int
 def place(lowers: list[Path], rootfs: Path, dest: str, tar: BinaryIO, single: bool,
           owner: tuple[int, int] | None) -> None:
     """Extracts `tar` into the layer `rootfs` at image path `dest` (see the module docstring)."""
-    from .builder import _lookup, resolve_in_image
-
     rel = ""
     if dest.strip("/"):
         resolved = resolve_in_image(lowers, dest)
@@ -309,8 +302,6 @@ def merged_children(lowers: list[Path], rel: str) -> dict[str, Path]:
 def _tar_from_image(lowers: list[Path], sources: list[str], f: BinaryIO, chmod: int | None) -> bool:
     """Tars each source path out of the image (a directory's contents, a file by its name);
     returns whether it was a single plain file. Raises ImageBuildError for a missing path."""
-    from .builder import _lookup, resolve_in_image
-
     single = False
     with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tf:
         def add(p: Path, arc: str) -> None:
@@ -344,3 +335,7 @@ def _tar_from_image(lowers: list[Path], sources: list[str], f: BinaryIO, chmod: 
                 add(hit, posixpath.basename(src.rstrip("/")))
                 single = len(sources) == 1 and hit.is_file()
     return single
+
+
+for _kind in EXT_KINDS:
+    EXTRA_KINDS[_kind] = StepKind(check, describe, apply)

@@ -1,4 +1,4 @@
-"""Dockerfile -> builder steps (rollbox/images/dockerfile.py), .dockerignore, and the builder's
+"""Dockerfile -> builder steps (rollbox/sdk/dockerfile.py), .dockerignore, and the builder's
 Dockerfile steps that need no sandbox (rollbox/server/dockerfile_steps.py)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 from rollbox import Image
 from rollbox.errors import ImageBuildError, InvalidArgument
 from rollbox.images.debian import DEBIAN_IMAGE_ID
-from rollbox.images.dockercontext import DockerIgnore
-from rollbox.images.dockerfile import DockerfileError, translate
+from rollbox.sdk.dockercontext import DockerIgnore
+from rollbox.sdk.dockerfile import DockerfileError, translate
 from rollbox.images.store import ImageConfig
 from rollbox.server import dockerfile_steps as ds
 from rollbox.server.builder import check_step, step_image_id

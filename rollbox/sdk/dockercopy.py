@@ -1,4 +1,4 @@
-"""COPY and ADD for the Dockerfile translation (rollbox/images/dockerfile.py): context sources
+"""COPY and ADD for the Dockerfile translation (rollbox/sdk/dockerfile.py): context sources
 (globs, .dockerignore, ADD of a local tar), `--from` stages, and the FROM reference mapping."""
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ import tarfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .debian import DEBIAN_IMAGE_ID
 from .dockercontext import ContextTar, DockerIgnore, context_rel
 
 if TYPE_CHECKING:
     from .dockerfile import DockerfileError, _Stage
 
-SCRATCH_IMAGE_ID = "im-scratch"  # rollbox/server/dockerfile_steps.py stores it on first use
+# The daemon's ids (the SDK names them without importing the daemon's modules): the Debian base
+# (rollbox/images/debian.py) and the empty image rollbox/server/dockerfile_steps.py stores.
+DEBIAN_IMAGE_ID = "im-debian-bookworm"
+SCRATCH_IMAGE_ID = "im-scratch"
 DEBIAN_REF = re.compile(r"^(docker\.io/)?(library/)?debian(:(bookworm|12)[\w.-]*)?$")
 
 

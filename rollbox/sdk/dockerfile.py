@@ -3,7 +3,7 @@
 The Dockerfile is read by `dockerfile-parse` (lines, continuations, comments, the escape
 directive, quote-aware word splitting and `$VAR`/`${VAR}` substitution); this module maps each
 instruction of the target stage onto the builder's steps (rollbox/server/builder.py and
-rollbox/server/dockerfile_steps.py; COPY/ADD in rollbox/images/dockercopy.py), each one a
+rollbox/server/dockerfile_steps.py; COPY/ADD in rollbox/sdk/dockercopy.py), each one a
 cached, content-addressed layer:
 
     FROM debian | debian:bookworm* | debian:12*   Image.debian()  (other refs: from_registry;
