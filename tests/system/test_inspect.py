@@ -111,6 +111,29 @@ async def test_rollbox_exec_as_user_sets_home_and_uid(_config_and_env: ConfigAnd
     assert r.stdout == "/tmp\n"
     r = await env.exec(["sh", "-c", "id -u; id -G"], user="root")
     assert r.stdout == "0\n0\n"
+    r = await env.exec(["id", "-u"], user="54321")
+    assert r.stdout == "54321\n"
+    r = await env.exec(["whoami"], user="no-such-user")
+    assert (r.success, r.returncode) == (False, 126)
+    assert r.stderr == "unable to find user no-such-user: no matching entries in passwd file\n"
+
+
+async def test_rollbox_command_saying_permission_denied_is_a_result(_config_and_env: ConfigAndEnv) -> None:
+    """Only the launcher's own refusal is a PermissionError; a command that prints the same
+    words and exits 126 (a shell running a non-executable script) is an ordinary result."""
+    env = _config_and_env.env
+    await env.write_file("noexec.sh", "echo hi\n")
+    try:
+        r = await env.exec(["sh", "-c", "./noexec.sh"])
+        assert (r.success, r.returncode) == (False, 126) and "Permission denied" in r.stderr
+        r = await env.exec(["sh", "-c", "echo 'rollbox: cannot run x: Permission denied' >&2; exit 126"])
+        assert r.returncode == 126
+        with pytest.raises(PermissionError):
+            await env.exec(["./noexec.sh"])
+        with pytest.raises(PermissionError):
+            await env.exec(["/etc/passwd"], user="nobody")
+    finally:
+        await env.exec(["rm", "-f", "noexec.sh"])
 
 
 async def test_rollbox_exec_output_limit(_config_and_env: ConfigAndEnv) -> None:
@@ -169,3 +192,28 @@ async def test_rollbox_terminated_sandbox_is_unavailable() -> None:
     with pytest.raises(ConnectionError):
         await env.connection()
     assert live_sandboxes("gone") == []
+
+
+async def test_rollbox_unknown_default_user_fails_the_sample_and_leaves_nothing() -> None:
+    from inspect_ai.util import SandboxUserUnsupportedError
+
+    cfg = RollboxSandboxConfig(memory=512, user="no-such-user")
+    with pytest.raises(SandboxUserUnsupportedError, match="unable to find user no-such-user"):
+        await RollboxSandboxEnvironment.sample_init("baduser", cfg, {})
+    assert live_sandboxes("baduser") == []
+
+
+async def test_rollbox_task_cleanup_ends_what_sample_cleanup_missed() -> None:
+    cfg = RollboxSandboxConfig(memory=512)
+    await RollboxSandboxEnvironment.task_init("leftover", cfg)
+    kept = (await RollboxSandboxEnvironment.sample_init("leftover", cfg, {}))["default"]
+    await RollboxSandboxEnvironment.task_cleanup("leftover", cfg, False)  # --no-sandbox-cleanup
+    assert live_sandboxes("leftover") == [kept.sandbox_id]  # type: ignore[attr-defined]
+    await RollboxSandboxEnvironment.cli_cleanup(kept.sandbox_id)  # type: ignore[attr-defined]
+    assert live_sandboxes("leftover") == []
+
+    await RollboxSandboxEnvironment.task_init("leftover", cfg)
+    await RollboxSandboxEnvironment.sample_init("leftover", cfg, {})   # its sample_cleanup never runs
+    assert len(live_sandboxes("leftover")) == 1
+    await RollboxSandboxEnvironment.task_cleanup("leftover", cfg, True)
+    assert live_sandboxes("leftover") == []

@@ -57,16 +57,18 @@ def answer_file() -> Any:
 
 def test_eval_scores_in_rollbox_sandbox_and_cleans_up(tmp_path: Path) -> None:
     assert registry_find_sandboxenv("rollbox") is RollboxSandboxEnvironment
-    task = Task(name="rollbox_e2e", dataset=[Sample(input="6*7?", target="42")], solver=answer_in_sandbox(),
-                scorer=answer_file(), sandbox="rollbox")
+    samples = [Sample(id=i, input="6*7?", target="42") for i in (1, 2)]
+    task = Task(name="rollbox_e2e", dataset=samples, solver=answer_in_sandbox(), scorer=answer_file(),
+                sandbox="rollbox")
     (log,) = inspect_eval(task, model="mockllm/model", log_dir=str(tmp_path), display="none")
     assert log.status == "success", log.error
     assert log.results is not None
     assert log.results.scores[0].metrics["accuracy"].value == 1.0
-    assert log.samples is not None
-    sid = log.samples[0].metadata["sandbox_id"]
-    assert sid.startswith("sb-")
-    assert default_client().request("GET", f"/sandboxes/{sid}")["state"] == "terminated"
+    assert log.samples is not None and len(log.samples) == 2
+    sids = {s.metadata["sandbox_id"] for s in log.samples}
+    assert len(sids) == 2  # a fresh sandbox per sample
+    for sid in sids:
+        assert default_client().request("GET", f"/sandboxes/{sid}")["state"] == "terminated"
     assert live_sandboxes("rollbox_e2e") == []
 
 

@@ -42,7 +42,7 @@ T = TypeVar("T")
 
 TASK_TAG = "inspect_task"
 MAX_EXEC_OUTPUT = 64 * 1024 * 1024  # the daemon's cap per stream of one exec
-READ_CHUNK = 32 * 1024 * 1024  # bytes per exec when reading a file
+READ_CHUNK = MAX_EXEC_OUTPUT  # bytes per exec when reading a file (larger files take several)
 FILE_TIMEOUT_S = 600.0
 
 
@@ -232,8 +232,8 @@ class RollboxSandboxEnvironment(SandboxEnvironment):
 
     async def _run(self, argv: list[str], *, stdin: bytes | str | None = None, cwd: str | None = None,
                    env: dict[str, str] | None = None, timeout: float | None, max_output: int) -> ExecResult:
-        res = await _in_thread(self.instance.exec, *argv, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
-                               max_output=max_output)
+        res: ExecResult = await _in_thread(self.instance.exec, *argv, timeout=timeout, env=env, cwd=cwd,
+                                           stdin=stdin, max_output=max_output)
         if res.exit_code == scripts.USER_UNSUPPORTED_STATUS and scripts.USER_UNSUPPORTED_MARK.encode() in res.stderr:
             raise SandboxUserUnsupportedError(res.stderr.decode(errors="replace").strip())
         return res
@@ -271,7 +271,7 @@ class RollboxSandboxEnvironment(SandboxEnvironment):
         if res.timed_out:
             raise TimeoutError(f"command {shlex.join(cmd)[:200]} timed out after {timeout} s")
         stdout, stderr = res.stdout.decode(errors="replace"), res.stderr.decode(errors="replace")
-        if res.exit_code == 126 and "Permission denied" in stderr.split("\n", 1)[0]:
+        if _launch_refused(res, cmd[0]):
             raise PermissionError(errno.EACCES, f"Permission denied: cannot run {cmd[0]}", cmd[0])
         if res.truncated:
             raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR,
@@ -362,6 +362,19 @@ async def _terminate(instance: SandboxInstance) -> None:
         await anyio.to_thread.run_sync(instance.terminate)
     except errors.RollboxError as e:
         logger.warning("rollbox sandbox %s: terminate failed: %s", instance.sandbox_id, e)
+
+
+def _launch_refused(res: ExecResult, cmd0: str) -> bool:
+    """Whether the launcher itself (the agent, or setpriv for another user) could not execute
+    `cmd0` for lack of permission: exit 126 and its one line naming `cmd0`, nothing else. A
+    command that itself prints "Permission denied" and exits 126 is an ordinary result."""
+    if res.exit_code != 126 or res.stdout:
+        return False
+    line = res.stderr.decode(errors="replace")
+    if line.count("\n") != 1 or not line.rstrip("\n").endswith("Permission denied"):
+        return False
+    return line.startswith((f"rollbox: cannot run '{cmd0}': ", f"rollbox: cannot run {cmd0!r}: ",
+                            f"setpriv: failed to execute {cmd0}: "))
 
 
 def _file_error(op: str, file: str, res: ExecResult) -> Exception:
