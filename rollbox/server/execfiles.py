@@ -17,7 +17,7 @@ from .validation import check_env, container_id
 
 # Output kept per stream of one exec, in bytes; the rest is counted and dropped (`truncated`).
 DEFAULT_MAX_OUTPUT = 8 * 1024 * 1024
-ARG_MAX = 1024 * 1024  # bytes of argv + env per exec (Linux's default ARG_MAX is 2 MiB)
+ARG_MAX = 2 * 1024 * 1024  # bytes of argv + env per exec: Linux's default ARG_MAX (more fails as E2BIG)
 AGENT_ERRORS: dict[str, type[errors.RollboxError]] = {
     "not_found": errors.FileNotFoundInSandbox,
     "is_a_directory": errors.InvalidArgument,
