@@ -9,7 +9,7 @@ from rollbox import errors
 def test_all_is_sorted_and_complete() -> None:
     assert rollbox.__all__ == sorted(rollbox.__all__)
     public = {n for n in dir(rollbox) if not n.startswith("_")} - {
-        "cli", "client", "config", "demos", "distributed", "errors", "images", "network", "runtime", "sdk", "server", "snapshots", "types",
+        "cli", "client", "config", "demos", "distributed", "errors", "gym", "images", "network", "runtime", "sdk", "server", "snapshots", "types",
         "volumes"}
     assert public == set(rollbox.__all__) - {"__version__"}
 
