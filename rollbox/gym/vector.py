@@ -202,6 +202,12 @@ class RemoteVectorEnv(VectorEnv[Any, Any, np.ndarray]):
         list(rm.background.map(lambda e: e.close(), self.envs[1:]))
         self.envs[0].close()  # last: it owns a reset_from_snapshot snapshot the others share
 
+    def __enter__(self) -> "RemoteVectorEnv":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __repr__(self) -> str:
         return f"RemoteVectorEnv({self.spec.id if self.spec else '?'}, num_envs={self.num_envs})"
 

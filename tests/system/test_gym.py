@@ -157,10 +157,9 @@ def test_close_leaves_no_sandbox() -> None:
         env.reset(seed=0)
         one = env.sandbox_id
         assert one in live_ids()
-    envs = rg.make_vec("CartPole-v1", num_envs=2)
-    ids = set(envs.sandbox_ids)
-    assert ids <= live_ids()
-    envs.close()
+    with rg.make_vec("CartPole-v1", num_envs=2) as envs:
+        ids = set(envs.sandbox_ids)
+        assert ids <= live_ids()
     envs.close()  # idempotent
     assert not ({one} | ids) & live_ids()
     with pytest.raises(gymnasium.error.ClosedEnvironmentError):
