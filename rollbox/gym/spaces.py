@@ -22,28 +22,28 @@ class UnsupportedSpace(WireError):
 def space_to_wire(space: spaces.Space[Any]) -> dict[str, Any]:
     """A JSON-able description of `space`. Raises UnsupportedSpace for custom classes."""
     t = type(space)
-    if t is spaces.Box:
-        return {"type": "Box", "low": encode(space.low), "high": encode(space.high), "dtype": space.dtype.str}
-    if t is spaces.Discrete:
-        return {"type": "Discrete", "n": int(space.n), "start": int(space.start), "dtype": space.dtype.str}
-    if t is spaces.MultiDiscrete:
+    if isinstance(space, spaces.Box) and t is spaces.Box:
+        return {"type": "Box", "low": encode(space.low), "high": encode(space.high), "dtype": np.dtype(space.dtype).str}
+    if isinstance(space, spaces.Discrete) and t is spaces.Discrete:
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start), "dtype": np.dtype(space.dtype).str}
+    if isinstance(space, spaces.MultiDiscrete) and t is spaces.MultiDiscrete:
         return {"type": "MultiDiscrete", "nvec": encode(space.nvec), "start": encode(space.start),
-                "dtype": space.dtype.str}
-    if t is spaces.MultiBinary:
+                "dtype": np.dtype(space.dtype).str}
+    if isinstance(space, spaces.MultiBinary) and t is spaces.MultiBinary:
         return {"type": "MultiBinary", "n": encode(space.n)}
-    if t is spaces.Text:
+    if isinstance(space, spaces.Text) and t is spaces.Text:
         return {"type": "Text", "max_length": space.max_length, "min_length": space.min_length,
                 "charset": "".join(sorted(space.character_set))}
-    if t is spaces.Tuple:
+    if isinstance(space, spaces.Tuple) and t is spaces.Tuple:
         return {"type": "Tuple", "spaces": [space_to_wire(s) for s in space.spaces]}
-    if t is spaces.Dict:
+    if isinstance(space, spaces.Dict) and t is spaces.Dict:
         return {"type": "Dict", "spaces": [[k, space_to_wire(s)] for k, s in space.spaces.items()]}
-    if t is spaces.Sequence:
+    if isinstance(space, spaces.Sequence) and t is spaces.Sequence:
         return {"type": "Sequence", "space": space_to_wire(space.feature_space), "stack": bool(space.stack)}
-    if t is spaces.Graph:
+    if isinstance(space, spaces.Graph) and t is spaces.Graph:
         return {"type": "Graph", "node": space_to_wire(space.node_space),
                 "edge": None if space.edge_space is None else space_to_wire(space.edge_space)}
-    if t is spaces.OneOf:
+    if isinstance(space, spaces.OneOf) and t is spaces.OneOf:
         return {"type": "OneOf", "spaces": [space_to_wire(s) for s in space.spaces]}
     raise UnsupportedSpace(f"{t.__module__}.{t.__qualname__} has no wire form: rollbox.gym rebuilds gymnasium's "
                            "own space classes (Box, Discrete, MultiDiscrete, MultiBinary, Text, Tuple, Dict, "

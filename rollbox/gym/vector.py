@@ -82,7 +82,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, np.ndarray]):
         return [e.sandbox_id for e in self.envs]
 
     def _batched(self) -> Any:
-        self._observations = concatenate(self.single_observation_space, self._env_obs, self._observations)
+        self._observations = concatenate(self.single_observation_space, self._env_obs,
+                                         self._observations)  # type: ignore[arg-type]
         return deepcopy(self._observations) if self.copy else self._observations
 
     def reset(self, *, seed: int | list[int | None] | None = None,
@@ -212,11 +213,21 @@ class RemoteVectorEnv(VectorEnv[Any, Any, np.ndarray]):
         return f"RemoteVectorEnv({self.spec.id if self.spec else '?'}, num_envs={self.num_envs})"
 
 
+class WrappedVectorEnv(gymnasium.vector.SyncVectorEnv):
+    """gymnasium's SyncVectorEnv over wrapped RemoteEnvs, as a context manager."""
+
+    def __enter__(self) -> "WrappedVectorEnv":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def make_vec(env_id: str, num_envs: int = 1, vectorization_mode: str | None = None,
              vector_kwargs: dict[str, Any] | None = None,
              wrappers: Sequence[Callable[[gymnasium.Env[Any, Any]], gymnasium.Wrapper[Any, Any, Any, Any]]] | None = None,
              *, image: Image | None = None, reset_from_snapshot: bool = False, sandbox: EnvSandbox | None = None,
-             **kwargs: Any) -> VectorEnv[Any, Any, Any]:
+             **kwargs: Any) -> "RemoteVectorEnv | WrappedVectorEnv":
     """`gymnasium.make_vec` with every sub-env in its own sandbox (see `rollbox.gym.make`).
 
     Args:
@@ -231,7 +242,8 @@ def make_vec(env_id: str, num_envs: int = 1, vectorization_mode: str | None = No
             the sub-envs share one prepared snapshot.
 
     Returns:
-        A `RemoteVectorEnv` (a SyncVectorEnv with `wrappers`).
+        A `RemoteVectorEnv` (with `wrappers`, a `WrappedVectorEnv`: gymnasium's
+        SyncVectorEnv). Both are context managers (leaving the block closes them).
 
     Raises:
         ValueError: num_envs < 1 or an unknown vectorization_mode. And `rollbox.gym.make`'s.
@@ -264,15 +276,16 @@ def make_vec(env_id: str, num_envs: int = 1, vectorization_mode: str | None = No
             raise failure
         if wrappers:
             wrapped = []
-            for e in envs:
-                w: gymnasium.Env[Any, Any] = e
+            for sub in envs:
+                w: gymnasium.Env[Any, Any] = sub
                 for wrap in wrappers:
                     w = wrap(w)
                 wrapped.append(w)
-            return gymnasium.vector.SyncVectorEnv([lambda w=w: w for w in wrapped], **vk)
+            fns: list[Callable[[], gymnasium.Env[Any, Any]]] = [lambda w=w: w for w in wrapped]  # type: ignore[misc]
+            return WrappedVectorEnv(fns, **vk)
         return RemoteVectorEnv(envs, **vk)
     except BaseException:
-        for e in envs[1:]:
-            e.close()
+        for sub in envs[1:]:
+            sub.close()
         first.close()
         raise
