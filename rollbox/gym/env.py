@@ -163,8 +163,11 @@ class RemoteEnv(gymnasium.Env[Any, Any]):
                 pass
         r.terminate()
         if self._spare is not None:
-            self._spare.add_done_callback(_terminate_future)
-            self._spare = None
+            spare, self._spare = self._spare, None
+            try:
+                spare.result().terminate()  # a restore of the snapshot must end before it can go
+            except Exception:
+                pass
         if self._prepared is not None and self._prepared.owned:
             rm.delete_snapshot(self._prepared)
 
@@ -254,11 +257,6 @@ class RemoteEnv(gymnasium.Env[Any, Any]):
         self._spare = rm.background.submit(rm.restore, self._prepared, old.settings)
         if rng is not None:
             new.call("rng", state=rng["state"], seed=rng["seed"])
-
-
-def _terminate_future(f: Future[rm.Remote]) -> None:
-    if not f.cancelled() and f.exception() is None:
-        f.result().terminate()
 
 
 def _check_id(env_id: object) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import errors
+from ..client.transport import daemon_running
 from ..sdk.image import Image
 from ..sdk.sandbox import Sandbox, SandboxInstance, default_client
 from .channel import Channel, EnvTimeout, RemoteEnvError, _Broken, _TimedOut, remote_error
@@ -234,11 +235,20 @@ def restore_base(settings: SandboxSettings) -> Remote:
         return restore(base_snapshot(settings), settings)
 
 
-def delete_snapshot(snap: ServerSnapshot) -> None:
-    try:
-        default_client().request("DELETE", f"/snapshots/{snap.snapshot_id}")
-    except errors.RollboxError:
-        pass
+def delete_snapshot(snap: ServerSnapshot, wait_s: float = 30.0) -> None:
+    """Deletes the snapshot, waiting out restores of it still in progress (best effort: its
+    TTL is the backstop)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            default_client().request("DELETE", f"/snapshots/{snap.snapshot_id}")
+            return
+        except errors.InvalidState:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
+        except errors.RollboxError:
+            return
 
 
 # ---- keep-alive and clean-up ----------------------------------------------------------------
@@ -286,12 +296,22 @@ _keepalive = _Keepalive()
 background = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rollbox-gym")
 
 
-@atexit.register
-def _cleanup() -> None:
+def release() -> None:
+    """Terminates every env sandbox this process still has open and deletes the base
+    snapshots it made (run at exit). A local daemon that is no longer running is not started
+    again for this: its keep_warm and snapshot TTLs end what is left."""
+    c = default_client()
+    if c.autostart and not daemon_running(c.paths):
+        return
     for r in _keepalive.snapshot():
         r.terminate()
     with _bases_lock:
         for snap in _bases.values():
             delete_snapshot(snap)
         _bases.clear()
+
+
+@atexit.register
+def _at_exit() -> None:
+    release()
     background.shutdown(wait=True)
