@@ -1,10 +1,11 @@
 """`rollbox demo cartpole`: a whole RL loop on one platform.
 
 Each iteration:
-1. rollouts: `SandboxPool.map` runs episodes of gymnasium's CartPole-v1, each in a fresh
-   sandbox restored from one warm memory snapshot (a Python worker that has already imported
-   numpy and gymnasium, so an episode costs a restore, not an interpreter start); each episode
-   loads the current policy from a `Volume` and writes its trajectory there;
+1. rollouts: `rollbox.gym.make_vec("CartPole-v1", num_envs=concurrency)` is a gymnasium
+   VectorEnv whose sub-envs run in sandboxes restored from one warm memory snapshot (an env
+   server that has already imported numpy and gymnasium); the trainer loads the current
+   policy from a `Volume`, samples actions here, steps all sandboxes side by side (autoreset
+   per gymnasium's rules) and writes each finished episode's trajectory to the volume;
 2. the policy update: a `@function` (a fresh sandbox on the same image, the same volume) reads
    the iteration's trajectories, takes one REINFORCE step (softmax-linear policy, normalised
    discounted returns, Adam; numpy) and saves `policy-v{N+1}.npz` to the volume;
@@ -17,6 +18,7 @@ learning-curve PNG (matplotlib) and ends with one JSON line. A random policy sco
 
 from __future__ import annotations
 
+import io
 import json
 import secrets
 import sys
@@ -25,58 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import FileNotFoundInSandbox, RollboxError
+import numpy as np
+
+from .. import gym as rgym
 from ..sdk.function import function
 from ..sdk.image import Image
-from ..sdk.pool import SandboxPool
-from ..sdk.sandbox import Sandbox, SandboxInstance
 from ..sdk.volume import Volume
 
 SOLVED = 475.0
 IMAGE = Image.debian().pip_install("numpy", "gymnasium")
 MOUNT = "/data"
-WORKER = r'''
-import json, os, time
-import numpy as np
-import gymnasium as gym
-
-def probs(W, obs):
-    z = obs @ W[:4] + W[4]
-    z = z - z.max()
-    p = np.exp(z)
-    return p / p.sum()
-
-def episode(job):
-    W = np.load(job["policy"])["W"] if job["policy"] else np.zeros((5, 2))
-    env = gym.make("CartPole-v1")
-    obs, _ = env.reset(seed=job["seed"])
-    rng = np.random.default_rng(job["seed"])
-    O, A, R, done = [], [], [], False
-    while not done:
-        a = int(rng.random() < probs(W, obs)[1])
-        O.append(obs); A.append(a)
-        obs, r, term, trunc, _ = env.step(a)
-        R.append(r); done = term or trunc
-    os.makedirs(os.path.dirname(job["out"]), exist_ok=True)
-    np.savez(job["out"], obs=np.array(O), actions=np.array(A), rewards=np.array(R))
-    return {"return": float(sum(R)), "steps": len(R)}
-
-while True:  # the warm worker: a restored copy picks up here and waits for its one job
-    try:
-        with open("/tmp/job.json") as f:
-            job = json.load(f)
-    except (FileNotFoundError, ValueError):
-        time.sleep(0.005)
-        continue
-    os.unlink("/tmp/job.json")
-    try:
-        res = episode(job)
-    except Exception as e:
-        res = {"error": repr(e)}
-    with open("/tmp/result.json.tmp", "w") as f:
-        json.dump(res, f)
-    os.replace("/tmp/result.json.tmp", "/tmp/result.json")
-'''
 
 
 def reinforce_update(iteration: int, lr: float, gamma: float = 0.99) -> dict[str, float]:
@@ -139,20 +99,47 @@ class CartpoleResult:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def _episode(sb: SandboxInstance, job: dict[str, Any]) -> dict[str, Any]:
-    sb.fs.write_file("/tmp/job.json", json.dumps(job).encode())
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            res = json.loads(sb.fs.read_file("/tmp/result.json"))
-            break
-        except FileNotFoundInSandbox:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
-    if "error" in res:
-        raise RuntimeError(f"episode failed in the sandbox: {res['error']}")
-    return {"reward": res["return"], "steps": res["steps"]}
+def _probs_right(W: Any, obs: Any) -> Any:
+    """P(action 1) for each row of `obs` (N, 4) under the softmax-linear policy W (5, 2)."""
+    z = obs @ W[:4] + W[4]
+    z = z - z.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    return p[:, 1] / p.sum(axis=1)
+
+
+def _rollouts(envs: Any, vol: Volume, it: int, episodes: int) -> list[float]:
+    """Runs the vector env until `episodes` episodes have ended (partial ones are dropped);
+    writes each to the volume as traj/iter-{it}/ep-NNN.npz; returns their returns."""
+    if it == 0:
+        W = np.zeros((5, 2))
+    else:
+        W = np.load(io.BytesIO(vol.read_file(f"/policy-v{it}.npz")))["W"]
+    n = envs.num_envs
+    rng = np.random.default_rng(it)
+    obs, _ = envs.reset(seed=it * 1000)
+    bufs: list[tuple[list[Any], list[int], list[float]]] = [([], [], []) for _ in range(n)]
+    was_done = np.zeros(n, dtype=bool)
+    returns: list[float] = []
+    while len(returns) < episodes:
+        acts = (rng.random(n) < _probs_right(W, obs)).astype(np.int64)
+        nobs, rew, term, trunc, _ = envs.step(acts)
+        for i in range(n):
+            if was_done[i]:
+                continue  # this step was sub-env i's autoreset (gymnasium's next-step mode)
+            O, A, R = bufs[i]
+            O.append(obs[i])
+            A.append(int(acts[i]))
+            R.append(float(rew[i]))
+            if (term[i] or trunc[i]) and len(returns) < episodes:
+                buf = io.BytesIO()
+                np.savez(buf, obs=np.array(O), actions=np.array(A), rewards=np.array(R))
+                vol.write_file(f"/traj/iter-{it}/ep-{len(returns):03d}.npz", buf.getvalue())
+                returns.append(float(sum(R)))
+            if term[i] or trunc[i]:
+                bufs[i] = ([], [], [])
+        was_done = term | trunc
+        obs = nobs
+    return returns
 
 
 def _plot(history: list[dict[str, float]], path: Path) -> str | None:
@@ -190,61 +177,38 @@ def run_demo(*, iterations: int = 60, episodes_per_iter: int = 20, concurrency: 
         if not quiet:
             print(*a, flush=True)
 
-    vol = Volume(name=f"cartpole-{secrets.token_hex(4)}", mount_path=MOUNT)
+    vol = Volume(name=f"cartpole-{secrets.token_hex(4)}", mount_path=MOUNT).create()
     t_build = time.monotonic()
     image_id = IMAGE.build()
     say(f"image {image_id} ready in {time.monotonic() - t_build:.1f} s (numpy + gymnasium; cached after the first build)")
     update = function(image=Image.from_id(image_id), volumes=[vol], memory=1024, timeout=600)(reinforce_update)
-    base = Sandbox(image=Image.from_id(image_id), volumes=[vol], memory=512, keep_warm_seconds=3600).create()
-    try:
-        base.fs.write_file("/opt/worker.py", WORKER.encode())
-        base.exec("sh", "-c", "nohup python3 /opt/worker.py >/tmp/worker.log 2>&1 &")
-        time.sleep(0.2)
-        probe = base.exec("python3", "-c", "import numpy, gymnasium", timeout=120)  # wait out cold imports
-        if probe.exit_code != 0:
-            raise RuntimeError(f"the image cannot import numpy/gymnasium: {probe.stderr_text()[-500:]}")
-        time.sleep(1.5)
-        snapshot_id = base.snapshot_memory()
-    finally:
-        base.terminate()
 
     history: list[dict[str, float]] = []
     recent: list[float] = []
     total_eps, total_rollout_s = 0, 0.0
-    say(f"{'iter':>4} {'mean return':>11} {'last-20':>8} {'episodes/s':>10} {'update s':>8}")
-    try:
-        with SandboxPool(snapshot_id, max_concurrency=concurrency, warm=concurrency) as pool:
-            for it in range(iterations):
-                policy = f"{MOUNT}/policy-v{it}.npz" if it > 0 else ""
-                jobs = [{"policy": policy, "seed": it * 1000 + k, "out": f"{MOUNT}/traj/iter-{it}/ep-{k:03d}.npz"}
-                        for k in range(episodes_per_iter)]
-                t0 = time.monotonic()
-                results = list(pool.map(_episode, jobs, timeout=120, retries=2, progress=False))
-                roll_s = time.monotonic() - t0
-                bad = [r for r in results if r.status != "ok"]
-                if bad:
-                    raise RuntimeError(f"{len(bad)} rollouts failed: {bad[0].status} {bad[0].error}")
-                returns = [float(r.reward or 0.0) for r in results]
-                recent = (recent + returns)[-20:]
-                total_eps += len(returns)
-                total_rollout_s += roll_s
-                t1 = time.monotonic()
-                stats = update.remote(it, lr)
-                upd_s = time.monotonic() - t1
-                row = {"iteration": it, "mean_return": sum(returns) / len(returns),
-                       "last20_mean_return": sum(recent) / len(recent), "episodes_per_s": len(returns) / roll_s,
-                       "update_s": upd_s, "update_mean_return": stats["mean_return"]}
-                history.append(row)
-                say(f"{it:>4} {row['mean_return']:>11.1f} {row['last20_mean_return']:>8.1f} "
-                    f"{row['episodes_per_s']:>10.2f} {upd_s:>8.2f}")
-                if len(recent) >= 20 and row["last20_mean_return"] >= SOLVED:
-                    break
-    finally:
-        try:
-            from ..sdk.sandbox import default_client
-            default_client().request("DELETE", f"/snapshots/{snapshot_id}")
-        except RollboxError:
-            pass
+    t_envs = time.monotonic()
+    with rgym.make_vec("CartPole-v1", num_envs=concurrency, image=Image.from_id(image_id),
+                       sandbox=rgym.EnvSandbox(memory=512)) as envs:
+        say(f"{concurrency} CartPole sandboxes (rollbox.gym.make_vec) ready in {time.monotonic() - t_envs:.1f} s")
+        say(f"{'iter':>4} {'mean return':>11} {'last-20':>8} {'episodes/s':>10} {'update s':>8}")
+        for it in range(iterations):
+            t0 = time.monotonic()
+            returns = _rollouts(envs, vol, it, episodes_per_iter)
+            roll_s = time.monotonic() - t0
+            recent = (recent + returns)[-20:]
+            total_eps += len(returns)
+            total_rollout_s += roll_s
+            t1 = time.monotonic()
+            stats = update.remote(it, lr)
+            upd_s = time.monotonic() - t1
+            row = {"iteration": it, "mean_return": sum(returns) / len(returns),
+                   "last20_mean_return": sum(recent) / len(recent), "episodes_per_s": len(returns) / roll_s,
+                   "update_s": upd_s, "update_mean_return": stats["mean_return"]}
+            history.append(row)
+            say(f"{it:>4} {row['mean_return']:>11.1f} {row['last20_mean_return']:>8.1f} "
+                f"{row['episodes_per_s']:>10.2f} {upd_s:>8.2f}")
+            if len(recent) >= 20 and row["last20_mean_return"] >= SOLVED:
+                break
     png = _plot(history, Path(out_dir) / "cartpole-learning-curve.png") if history else None
     final = history[-1]["last20_mean_return"] if history else 0.0
     res = CartpoleResult(final_mean_return=round(final, 1), iterations=len(history), episodes=total_eps,
