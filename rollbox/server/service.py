@@ -37,7 +37,7 @@ from ..runtime.gpu import Gpu, oci_devices as gpu_devices, select as select_gpus
 from ..runtime.channel import AgentChannel, AgentError, make_fifos, open_for_sandbox
 from ..runtime.reaper import Reaper
 from ..runtime.rootfs import copy_tree, disk_free_bytes, mount_disk, mount_overlay, remove_tree, unmount
-from ..runtime.driver import Driver, check_runtime, no_snapshots
+from ..runtime.driver import Driver, check_runtime, no_snapshots, start_failed
 from ..runtime.runc import Runc
 from ..runtime.runsc import DEFAULT_PLATFORM, PLATFORMS, Runsc
 from ..snapshots.store import SnapshotMeta, SnapshotStore, new_snapshot_id
@@ -421,12 +421,9 @@ class SandboxService:
         except BaseException as exc:
             channel.close("the sandbox failed to start")
             await self.teardown_host(sandbox_id, failed_start=True)
-            if isinstance(exc, errors.RollboxError):
+            if isinstance(exc, errors.RollboxError) or not isinstance(exc, Exception):
                 raise
-            if isinstance(exc, asyncio.TimeoutError):
-                raise errors.SandboxLost(f"sandbox {sandbox_id} did not answer within {BOOT_TIMEOUT_S:g} s "
-                                         f"of starting; see `rollbox doctor`", sandbox_id=sandbox_id) from None
-            raise
+            raise start_failed(sandbox_id, exc, BOOT_TIMEOUT_S) from exc
         cfg = self.images.meta(image_id).image_config
         lv = Live(sandbox_id, channel, image_id, cpu, memory_mib, env, keep_warm_seconds, volumes=volumes, key=key,
                   net=net, workdir=cfg.working_dir, user=cfg.user, disk_mib=disk_mib, runtime=runtime,

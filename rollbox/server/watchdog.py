@@ -135,6 +135,10 @@ async def run(svc: SandboxService, interval_s: float = 1.0, sample_every: int = 
     while True:
         await asyncio.sleep(interval_s)
         n += 1
+        try:  # first and on its own: no other duty's failure may leave zombies unreaped
+            svc.reaper.sweep()
+        except Exception:  # noqa: BLE001
+            log.exception("reaper sweep failed")
         try:
             svc.warm.expire()
             await svc.net.expire()
@@ -142,7 +146,6 @@ async def run(svc: SandboxService, interval_s: float = 1.0, sample_every: int = 
             await expire_snapshots(svc)
             if n % sample_every == 0:
                 svc.sample_usage()
-            svc.reaper.sweep()
             svc.retry_cgroup_leftovers()
         except Exception:  # noqa: BLE001 - the watchdog must outlive any one failure
             log.exception("watchdog pass failed")
