@@ -21,6 +21,7 @@ import httpx
 
 from .. import errors
 from ..config import Paths
+from .connections import ExclusiveConnections
 
 DAEMON_START_TIMEOUT_S = 90.0
 
@@ -66,7 +67,8 @@ def stop_daemon(paths: Paths, timeout_s: float = 10.0) -> bool:
 
 
 class Client:
-    """One connection pool to one daemon. Thread-safe (httpx.Client is)."""
+    """One connection pool to one daemon, shared by every thread: a call takes an idle
+    connection (or opens one) for its one request and gives it back (`ExclusiveConnections`)."""
 
     def __init__(self, url: str | None = None, *, paths: Paths | None = None, autostart: bool = True,
                  token: str | None = None) -> None:
@@ -76,11 +78,11 @@ class Client:
         url = url if url is not None else os.environ.get("ROLLBOX_URL")
         self.autostart = autostart and not url
         if url and url.startswith("http"):
-            transport = httpx.HTTPTransport(retries=0)
+            transport = ExclusiveConnections()
             base = url
         else:
             sock = url.removeprefix("unix://") if url else str(self.paths.socket)
-            transport = httpx.HTTPTransport(uds=sock, retries=0)
+            transport = ExclusiveConnections(uds=sock)
             base = "http://rollbox"
             self.socket_path = sock
         self.base_url = url or f"unix://{self.paths.socket}"
