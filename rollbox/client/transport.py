@@ -173,8 +173,19 @@ class Client:
             raise errors.DaemonUnavailable(f"lost the rollbox daemon at {self.base_url} during GET {path}: {e}; "
                                            f"see {self.paths.daemon_log}") from e
         if resp.status_code >= 400:
-            raise errors.from_wire({"message": resp.text[:500]}, resp.status_code)
+            raise self._error(resp.status_code, {"message": resp.text[:500]}, f"GET {path}")
         return resp.text
+
+    def _error(self, status: int, body: Any, what: str) -> errors.RollboxError:
+        """The typed error of a failed answer. A 5xx without rollbox's error form did not come
+        from a route (those always carry a code): the server around them failed the request,
+        as uvicorn does for what is still running when the daemon stops or crashes."""
+        if status >= 500 and not (isinstance(body, dict) and body.get("code")):
+            text = body.get("message") if isinstance(body, dict) else body
+            return errors.DaemonUnavailable(f"the rollbox daemon at {self.base_url} failed {what} without an answer "
+                                            f"(HTTP {status}: {str(text)[:200]}): it was stopping or crashing; "
+                                            f"retry the call; see {self.paths.daemon_log}")
+        return errors.from_wire(body if isinstance(body, dict) else {"message": str(body)}, status)
 
     def request(self, method: str, path: str, json: Any = None, params: dict[str, Any] | None = None) -> Any:
         """Sends one request; returns the decoded JSON body or raises the daemon's typed error."""
@@ -212,7 +223,7 @@ class Client:
                 body = {"message": resp.text[:500]}
             if resp.status_code == 422:
                 raise errors.InvalidArgument(f"invalid request to {path}: {body.get('detail', body)}")
-            raise errors.from_wire(body, resp.status_code)
+            raise self._error(resp.status_code, body, f"{method} {path}")
         try:
             return resp.json()
         except ValueError:
