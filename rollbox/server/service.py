@@ -217,7 +217,7 @@ class SandboxService:
         # Volume name -> boots in flight that mount it (their rows do not exist yet).
         self._volume_users: dict[str, int] = {}
         self.volumes = VolumeStore(paths.volumes)
-        self.net = NetworkManager(paths.home)
+        self.net = NetworkManager(paths.home, read_file=self.read_bytes)
         # Sandbox id -> its network slot (the only record of which slot is whose).
         self._slots: dict[str, Slot] = {}
         # Container ids of ended sandboxes whose cgroup the kernel still called busy at teardown
@@ -349,7 +349,7 @@ class SandboxService:
         resolved: ResolvedPolicy | None = None
         try:
             if net is not None:
-                slot, resolved = await self.net.acquire(net.policy, strict=snapshot is None)
+                slot, resolved = await self.net.acquire(net.policy, strict=snapshot is None, ports=net.ports)
                 self._slots[sandbox_id] = slot
             layer = d / "disk"
             if disk_mib is not None:
@@ -415,8 +415,7 @@ class SandboxService:
                     # A restored copy has the files its source had (same policy); only pinned
                     # names are looked up again.
                     await self._write_net_files(channel, sandbox_id, resolved)
-                for port in net.ports:
-                    await self.net.ports.expose(sandbox_id, port, slot.uplink_ip, host_ports.get(port, 0))
+                await self.net.expose(sandbox_id, slot, net.ports, host_ports)
             ttfc_ms = (time.monotonic() - t0) * 1000
         except BaseException as exc:
             channel.close("the sandbox failed to start")
@@ -484,7 +483,7 @@ class SandboxService:
         check_port(port)
         lv = await self._running(sandbox_id)
         slot, net = self._networked(sandbox_id, lv)
-        url = await self.net.ports.expose(sandbox_id, port, slot.uplink_ip)
+        url = (await self.net.expose(sandbox_id, slot, [port]))[port]
         if port not in net.ports:
             lv.net = NetworkSpec(net.policy, (*net.ports, port))
         self.store.update_sandbox(sandbox_id, **self._net_columns(sandbox_id, lv.net))
@@ -961,6 +960,11 @@ class SandboxService:
 
     async def read_file(self, sandbox_id: str, path: str) -> dict[str, Any]:
         return await self._agent(sandbox_id, "read_file", path=path)
+
+    async def read_bytes(self, sandbox_id: str, path: str, wait_s: float = 5.0) -> bytes:
+        """A running sandbox's file, for the port proxy: never resumes one, nor ends a slow one."""
+        reply = await self._live(sandbox_id).channel.request("read_file", wait_s=wait_s, path=path)
+        return base64.b64decode(reply["data"])
 
     async def list_files(self, sandbox_id: str, path: str) -> dict[str, Any]:
         return await self._agent(sandbox_id, "list_files", path=path)

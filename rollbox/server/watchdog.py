@@ -123,8 +123,7 @@ async def recover(svc: SandboxService) -> dict[str, int]:
         if nrow is None or nlv is None or nlv.net is None:
             continue
         host_ports = {int(p): hp for p, hp in json.loads(nrow["host_ports"] or "{}").items()}
-        for port in nlv.net.ports:
-            await svc.net.ports.expose(sid, port, slot.uplink_ip, host_ports.get(port, 0))
+        await svc.net.expose(sid, slot, nlv.net.ports, host_ports)
         svc.store.update_sandbox(sid, **svc._net_columns(sid, nlv.net))
     return {"reattached": reattached, "cleaned": cleaned, "network_slots_cleaned": net_cleaned}
 

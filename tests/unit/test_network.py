@@ -88,3 +88,20 @@ def test_host_nameservers_skip_loopback(tmp_path) -> None:  # type: ignore[no-un
     f.write_text("nameserver 127.0.0.53\nnameserver 10.0.0.2\nnameserver ::1\nsearch x\n")
     assert firewall.host_nameservers(f) == ["10.0.0.2"]
     assert firewall.host_nameservers(tmp_path / "missing") == []
+
+
+def test_uplinks_take_only_exposed_ports_and_only_from_rollbox_gh19() -> None:
+    """A server on a port never exposed answered a host process connecting to the sandbox's
+    uplink address: the router forwarded everything. Now it forwards the exposed ports only,
+    from the host end only, and the host lets only marked (the proxy's) connections out."""
+    layout = NetLayout.for_home("/x")
+    slot = layout.slot(1)
+    rules = router_ruleset(slot, [9000, 8000, 8000])
+    dnat = [line for line in rules.splitlines() if "dnat to" in line]
+    assert dnat and all(f"ip saddr {slot.host_ip} ip daddr {slot.uplink_ip} tcp dport @ports" in d for d in dnat)
+    assert "add element ip rollbox ports { 8000, 9000 }" in rules
+    assert "add element" not in router_ruleset(slot) and "flush set ip rollbox ports" in router_ruleset(slot)
+    assert 'iifname "up" oifname "sb" drop' in rules  # nothing but DNATed or replies goes in
+    base = firewall.base_ruleset(layout, [])
+    assert f'oifname "{layout.prefix}*" ct state new meta mark != {layout.mark:#x} reject' in base
+    assert NetLayout.for_home("/y").mark != layout.mark
