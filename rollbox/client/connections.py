@@ -35,11 +35,11 @@ _ERRORS: list[tuple[type[Exception], type[httpx.TransportError]]] = [
 ]
 
 
-def _mapped(exc: Exception, request: httpx.Request) -> Exception:
+def _mapped(exc: Exception, request: httpx.Request) -> httpx.TransportError | None:
     for core, ours in _ERRORS:
         if isinstance(exc, core):
             return ours(str(exc), request=request)
-    return exc
+    return None
 
 
 class ExclusiveConnections(httpx.BaseTransport):
@@ -52,6 +52,7 @@ class ExclusiveConnections(httpx.BaseTransport):
         self._keepalive_expiry = keepalive_expiry
         self._idle: list[httpcore.HTTPConnection] = []
         self._lock = threading.Lock()
+        self._max_connections = max_connections
         self._slots = threading.BoundedSemaphore(max_connections)
         self._closed = False
 
@@ -81,7 +82,7 @@ class ExclusiveConnections(httpx.BaseTransport):
                                extensions=request.extensions)
         timeout = (request.extensions.get("timeout") or {}).get("pool")
         if not self._slots.acquire(timeout=timeout):
-            raise httpx.PoolTimeout(f"all {MAX_CONNECTIONS} connections to the daemon are busy", request=request)
+            raise httpx.PoolTimeout(f"all {self._max_connections} connections to the daemon are busy", request=request)
         try:
             conn = self._take(req.url.origin)
             try:
@@ -90,7 +91,10 @@ class ExclusiveConnections(httpx.BaseTransport):
                 resp.close()
             except Exception as e:
                 conn.close()
-                raise _mapped(e, request) from e
+                mapped = _mapped(e, request)
+                if mapped is None:
+                    raise
+                raise mapped from e
             self._give(conn)
         finally:
             self._slots.release()

@@ -131,3 +131,44 @@ def test_a_daemon_that_restarted_and_dropped_idle_connections_is_reached_again(t
     finally:
         c.close()
         stub.stop()
+
+
+def test_a_daemon_gone_or_dropping_the_connection_is_daemon_unavailable(tmp_path: Path) -> None:
+    """httpcore's errors come out as httpx's, which the client turns into DaemonUnavailable."""
+    import socket
+
+    from rollbox import errors
+
+    c = Client(f"unix://{tmp_path / 'none.sock'}", paths=Paths(tmp_path), autostart=False)
+    with pytest.raises(errors.DaemonUnavailable, match="no rollbox daemon answers"):
+        c.request("POST", "/x", json={})
+    path = str(tmp_path / "drop.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen()
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def drop() -> None:  # answers the health probe, then reads the request and hangs up
+        while not stop.is_set():
+            try:
+                conn, _addr = srv.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(10)
+                if b"/health" in conn.recv(65536):
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+                    conn.recv(65536)
+
+    t = threading.Thread(target=drop, daemon=True)
+    t.start()
+    c = Client(f"unix://{path}", paths=Paths(tmp_path), autostart=False)
+    try:
+        with pytest.raises(errors.DaemonUnavailable, match="lost the rollbox daemon .* during POST /x"):
+            c.request("POST", "/x", json={})
+    finally:
+        stop.set()
+        t.join(10)
+        srv.close()
+        c.close()
