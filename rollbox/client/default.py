@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import threading
+
 from .transport import Client
 
 _shared_client: list[Client] = []
+_shared_lock = threading.Lock()
 
 
 def default_client() -> Client:
-    """One client per process, made on first use (connection pooling across sandboxes)."""
+    """One client per process, made on first use (connection pooling across sandboxes and
+    threads: 64 threads' first calls at once still share one)."""
     if not _shared_client:
-        _shared_client.append(Client())
+        with _shared_lock:
+            if not _shared_client:
+                _shared_client.append(Client())
     return _shared_client[0]
 
 

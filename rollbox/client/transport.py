@@ -21,6 +21,7 @@ import httpx
 
 from .. import errors
 from ..config import Paths
+from .connections import ExclusiveConnections
 
 DAEMON_START_TIMEOUT_S = 90.0
 
@@ -66,7 +67,8 @@ def stop_daemon(paths: Paths, timeout_s: float = 10.0) -> bool:
 
 
 class Client:
-    """One connection pool to one daemon. Thread-safe (httpx.Client is)."""
+    """One connection pool to one daemon, shared by every thread: a call takes an idle
+    connection (or opens one) for its one request and gives it back (`ExclusiveConnections`)."""
 
     def __init__(self, url: str | None = None, *, paths: Paths | None = None, autostart: bool = True,
                  token: str | None = None) -> None:
@@ -76,11 +78,11 @@ class Client:
         url = url if url is not None else os.environ.get("ROLLBOX_URL")
         self.autostart = autostart and not url
         if url and url.startswith("http"):
-            transport = httpx.HTTPTransport(retries=0)
+            transport = ExclusiveConnections()
             base = url
         else:
             sock = url.removeprefix("unix://") if url else str(self.paths.socket)
-            transport = httpx.HTTPTransport(uds=sock, retries=0)
+            transport = ExclusiveConnections(uds=sock)
             base = "http://rollbox"
             self.socket_path = sock
         self.base_url = url or f"unix://{self.paths.socket}"
@@ -171,8 +173,19 @@ class Client:
             raise errors.DaemonUnavailable(f"lost the rollbox daemon at {self.base_url} during GET {path}: {e}; "
                                            f"see {self.paths.daemon_log}") from e
         if resp.status_code >= 400:
-            raise errors.from_wire({"message": resp.text[:500]}, resp.status_code)
+            raise self._error(resp.status_code, {"message": resp.text[:500]}, f"GET {path}")
         return resp.text
+
+    def _error(self, status: int, body: Any, what: str) -> errors.RollboxError:
+        """The typed error of a failed answer. A 5xx without rollbox's error form did not come
+        from a route (those always carry a code): the server around them failed the request,
+        as uvicorn does for what is still running when the daemon stops or crashes."""
+        if status >= 500 and not (isinstance(body, dict) and body.get("code")):
+            text = body.get("message") if isinstance(body, dict) else body
+            return errors.DaemonUnavailable(f"the rollbox daemon at {self.base_url} failed {what} without an answer "
+                                            f"(HTTP {status}: {str(text)[:200]}): it was stopping or crashing; "
+                                            f"retry the call; see {self.paths.daemon_log}")
+        return errors.from_wire(body if isinstance(body, dict) else {"message": str(body)}, status)
 
     def request(self, method: str, path: str, json: Any = None, params: dict[str, Any] | None = None) -> Any:
         """Sends one request; returns the decoded JSON body or raises the daemon's typed error."""
@@ -210,7 +223,7 @@ class Client:
                 body = {"message": resp.text[:500]}
             if resp.status_code == 422:
                 raise errors.InvalidArgument(f"invalid request to {path}: {body.get('detail', body)}")
-            raise errors.from_wire(body, resp.status_code)
+            raise self._error(resp.status_code, body, f"{method} {path}")
         try:
             return resp.json()
         except ValueError:

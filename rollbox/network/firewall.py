@@ -4,6 +4,10 @@ One table per daemon (`inet rollbox_<tag>`), so removing it removes every rule r
 Whatever a sandbox's policy, it never reaches: the host itself (any of its addresses, hence the
 daemon and loopback services: the input chain drops new connections from uplinks), another
 sandbox (all of 100.64.0.0/10), link-local metadata (169.254.0.0/16), or anything over IPv6.
+Nor does anything reach a sandbox but rollbox's port listeners: the host's new connections to
+the uplinks must carry the daemon's mark (`NetLayout.mark`, set by the proxy on its sockets),
+the forward chain drops what other hosts or sandboxes send them, and each sandbox's router
+forwards only its exposed ports (netns.router_ruleset).
 Per-slot chains hold the allow list; a verdict map from uplink interface to chain selects it.
 Refused traffic is rejected (ICMP administratively prohibited), not dropped, so a blocked
 connection or DNS lookup fails at once instead of after the client's timeout.
@@ -61,6 +65,9 @@ def base_ruleset(layout: NetLayout, nameservers: list[str]) -> str:
   chain input {{ type filter hook input priority filter - 5; policy accept;
     iifname "{p}*" ct state established,related accept
     iifname "{p}*" reject with icmpx type admin-prohibited
+  }}
+  chain output {{ type filter hook output priority filter - 5; policy accept;
+    oifname "{p}*" ct state new meta mark != {layout.mark:#x} reject with icmpx type admin-prohibited
   }}
   chain postrouting {{ type nat hook postrouting priority srcnat; policy accept;
     ip saddr {layout.block} oifname != "{p}*" masquerade

@@ -13,8 +13,10 @@ router namespace (connection-tracking entries of finished flows, which expire), 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import tenacity
@@ -22,9 +24,9 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from .. import errors
 from . import firewall
-from .netns import MAX_SLOTS, NetLayout, Slot, create_slot, destroy_slot, existing_slots, reset_slot
+from .netns import MAX_SLOTS, NetLayout, Slot, create_slot, destroy_slot, existing_slots, open_ports, reset_slot
 from .policy import NetworkPolicy, ResolvedPolicy, resolve
-from .proxy import PortForwarder
+from .proxy import PortForwarder, ReadFile
 
 log = logging.getLogger("rollbox.network")
 SLOT_RETRY_WAIT_S = 0.2  # seconds before the second try of a slot; 0.4 before the third, ...
@@ -35,16 +37,21 @@ class NetworkManager:
     ready slots are removed."""
 
     def __init__(self, home: Path, *, prepared: int = 4, idle_s: float = 120.0,
-                 forwarder: PortForwarder | None = None) -> None:
+                 read_file: ReadFile | None = None) -> None:
+        """read_file: reads a file in a sandbox (the port proxy says why a connection failed)."""
         self.layout = NetLayout.for_home(home)
         self.prepared = prepared
         self.idle_s = idle_s
-        self.ports = forwarder or PortForwarder()
+        self.ports = PortForwarder(mark=self.layout.mark, read_file=read_file)
         self.nameservers = firewall.host_nameservers()
         self._started = False
         self._start_lock = asyncio.Lock()
         self._ready: list[Slot] = []
         self._in_use: dict[int, ResolvedPolicy | None] = {}
+        # Slot index -> the ports its router forwards (as last applied by this daemon), and
+        # the latest update of them under way (updates of one slot run one after the other).
+        self._open: dict[int, frozenset[int]] = {}
+        self._opening: dict[int, asyncio.Future[None]] = {}
         self._creating: set[int] = set()
         # Indexes whose namespaces are being removed: not free until they are gone.
         self._releasing: set[int] = set()
@@ -121,6 +128,7 @@ class NetworkManager:
             try:
                 await asyncio.to_thread(create_slot, slot)
                 await asyncio.to_thread(firewall.nft, firewall.slot_rules(slot, None))
+                self._open[slot.index] = frozenset()  # its router forwards nothing yet
                 return slot
             except BaseException:  # cancelled too: nothing half-made is left
                 await asyncio.to_thread(destroy_slot, slot)
@@ -142,6 +150,7 @@ class NetworkManager:
 
     async def _destroy(self, slot: Slot) -> None:
         self._releasing.add(slot.index)
+        self._open.pop(slot.index, None)
         try:
             try:
                 await asyncio.to_thread(firewall.nft, firewall.remove_slot_rules(slot))
@@ -151,11 +160,13 @@ class NetworkManager:
         finally:
             self._releasing.discard(slot.index)
 
-    async def acquire(self, policy: NetworkPolicy, strict: bool = True) -> tuple[Slot, ResolvedPolicy]:
-        """A ready slot with `policy` applied. Raises InvalidArgument (a name that does not
-        resolve; with strict=False, for restores and resumes, such a policy blocks outbound
-        traffic instead, so a paused sandbox can always come back), RuntimeMissing (nft or
-        iproute2 absent), ResourceExhausted."""
+    async def acquire(self, policy: NetworkPolicy, strict: bool = True,
+                      ports: Iterable[int] = ()) -> tuple[Slot, ResolvedPolicy]:
+        """A ready slot with `policy` applied, its router set to forward `ports` in the
+        background (while the sandbox starts; `expose` waits for it). Raises InvalidArgument (a
+        name that does not resolve; with strict=False, for restores and resumes, such a policy
+        blocks outbound traffic instead, so a paused sandbox can always come back),
+        RuntimeMissing (nft or iproute2 absent), ResourceExhausted."""
         self._last_demand = time.monotonic()
         if strict:
             resolved = await asyncio.to_thread(resolve, policy)
@@ -168,6 +179,8 @@ class NetworkManager:
         # back (recycled in release) keep it full without making or removing any.
         if len(self._ready) < max(1, self.prepared // 2):
             self._kick()
+        if ports:
+            self._forward(slot, ports)
         try:
             if not policy.block_network:
                 await asyncio.to_thread(firewall.nft, firewall.policy_rules(slot, resolved))
@@ -182,17 +195,53 @@ class NetworkManager:
         self._in_use[slot.index] = resolved
         return resolved
 
+    def _forward(self, slot: Slot, ports: Iterable[int]) -> asyncio.Future[None]:
+        """Makes the slot's router forward `ports` too (one nft transaction, ~15 ms, when that
+        changes anything), after the update of it under way; a failed update is tried again
+        by the next one, whose waiter sees the error."""
+        prev, ports = self._opening.get(slot.index), frozenset(ports)
+
+        async def update() -> None:
+            if prev is not None:
+                with contextlib.suppress(Exception):
+                    await prev
+            want = self._open.get(slot.index, frozenset()) | ports
+            if want != self._open.get(slot.index):
+                await asyncio.to_thread(open_ports, slot, want)
+                self._open[slot.index] = want
+
+        task = self._opening[slot.index] = asyncio.ensure_future(update())
+        return task
+
+    async def expose(self, sandbox_id: str, slot: Slot, ports: Iterable[int],
+                     host_ports: dict[int, int] | None = None) -> dict[int, str]:
+        """Opens `ports` of the slot's sandbox to rollbox's listeners, and only to them (the
+        router forwards just these ports, from the host end), and listens for each on the
+        host (on `host_ports[port]` when still free). Returns {port: URL}. Raises RuntimeMissing."""
+        ports = tuple(ports)
+        await self._forward(slot, ports)
+        return {p: await self.ports.expose(sandbox_id, p, slot.uplink_ip, (host_ports or {}).get(p, 0))
+                for p in ports}
+
     async def release(self, slot: Slot) -> None:
         """Called once the slot's sandbox is gone: recycles or destroys the slot."""
-        self._in_use.pop(slot.index, None)
+        pending = self._opening.pop(slot.index, None)
+        if pending is not None:  # an update still under way must not land after the reset
+            with contextlib.suppress(Exception):
+                await pending
+        self._in_use.pop(slot.index, None)  # then at once into _releasing or _destroy: never free meanwhile
+        opened = self._open.pop(slot.index, None)  # None: opened by an earlier daemon, unknown
         if not self._closing and len(self._ready) + len(self._creating) + len(self._releasing) < self.prepared:
             self._releasing.add(slot.index)
             try:
                 await asyncio.to_thread(firewall.nft, firewall.policy_rules(slot, None))
+                if opened != frozenset():
+                    await asyncio.to_thread(open_ports, slot, ())
                 await asyncio.to_thread(reset_slot, slot)
             except Exception as e:  # noqa: BLE001 - a slot that cannot be reset is destroyed instead
                 log.warning("recycling network slot %d failed (%s); removing it", slot.index, e)
             else:
+                self._open[slot.index] = frozenset()
                 self._ready.append(slot)
                 return
             finally:

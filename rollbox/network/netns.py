@@ -9,9 +9,11 @@ per-sandbox router namespace ("R") between S and the host gives the copy a uniqu
 
     host: <prefix><i>  (uplink_ip - 1)  <-veth->  R: up (uplink_ip)   NAT   sb (GATEWAY_IP)  <-veth->  S: eth0 (SANDBOX_IP)
 
-R masquerades the sandbox's outbound traffic to its uplink address and forwards what the host
-sends to the uplink address to the sandbox (DNAT). The host's rollbox table (firewall.py)
-decides what the uplinks may reach. Netlink goes through pyroute2; sysctls and R's NAT table
+R masquerades the sandbox's outbound traffic to its uplink address and forwards to the sandbox
+(DNAT) only what the host end sends to the uplink address for an exposed port; anything else
+to the uplink is refused there. The host's rollbox table (firewall.py) decides what the
+uplinks may reach, and lets only rollbox's own port listeners (their connections carry the
+layout's `mark`) open connections to them. Netlink goes through pyroute2; sysctls and R's NAT table
 through `nsenter` + `sysctl`/`nft`.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +69,12 @@ class NetLayout:
     @property
     def table(self) -> str:
         return "rollbox_" + self.tag
+
+    @property
+    def mark(self) -> int:
+        """The packet mark (SO_MARK) of this daemon's port listeners' connections to uplinks:
+        the host's table refuses every other new connection to them."""
+        return 0x72620000 | int(self.tag, 16)
 
     def slot(self, index: int) -> "Slot":
         if not 0 <= index < MAX_SLOTS:
@@ -114,19 +123,36 @@ def _nsenter(ns: str, script: str, stdin: str | None = None) -> None:
                              "(needs root, nftables and iproute2: run `make setup`)")
 
 
-def router_ruleset(slot: Slot) -> str:
-    return f"""table ip rollbox {{
-  chain pre {{ type nat hook prerouting priority dstnat; policy accept;
-    iifname "up" ip daddr {slot.uplink_ip} dnat to {SANDBOX_IP}
-  }}
-  chain post {{ type nat hook postrouting priority srcnat; policy accept;
-    oifname "up" masquerade
-  }}
-  chain input {{ type filter hook input priority filter; policy drop;
-    ct state established,related accept
-  }}
-}}
+def router_ruleset(slot: Slot, ports: Iterable[int] = ()) -> str:
+    """R's table as one idempotent nft transaction (chains flushed and filled again, so it
+    also brings a table an older rollbox made up to date). Only the host end's connections to
+    `ports` are forwarded to the sandbox; anything else to the uplink address is refused."""
+    t = "ip rollbox"
+    elements = f"add element {t} ports {{ {', '.join(str(p) for p in sorted(set(ports)))} }}\n" if ports else ""
+    return f"""add table {t}
+add set {t} ports {{ type inet_service; }}
+flush set {t} ports
+{elements}add chain {t} pre {{ type nat hook prerouting priority dstnat; policy accept; }}
+flush chain {t} pre
+add rule {t} pre iifname "up" ip saddr {slot.host_ip} ip daddr {slot.uplink_ip} tcp dport @ports dnat to {SANDBOX_IP}
+add chain {t} post {{ type nat hook postrouting priority srcnat; policy accept; }}
+flush chain {t} post
+add rule {t} post oifname "up" masquerade
+add chain {t} inbound {{ type filter hook forward priority filter; policy accept; }}
+flush chain {t} inbound
+add rule {t} inbound iifname "up" oifname "sb" ct status dnat accept
+add rule {t} inbound iifname "up" oifname "sb" ct state established,related accept
+add rule {t} inbound iifname "up" oifname "sb" drop
+add chain {t} input {{ type filter hook input priority filter; policy drop; }}
+flush chain {t} input
+add rule {t} input ct state established,related accept
+add rule {t} input iifname "up" meta l4proto tcp reject with tcp reset
 """
+
+
+def open_ports(slot: Slot, ports: Iterable[int]) -> None:
+    """Forwards exactly `ports` of the slot's sandbox from the host end (blocking)."""
+    _nsenter(slot.router_ns, "nft -f -", stdin=router_ruleset(slot, ports))
 
 
 def create_slot(slot: Slot) -> None:

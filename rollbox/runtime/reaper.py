@@ -5,9 +5,14 @@ re-parented. Made a child subreaper, the daemon gets them instead of PID 1 (whic
 slowly here: `runsc delete` then took 1.4-1.8 s instead of ~120 ms; PLATFORM.md).
 
 Only adopted orphans are reaped: a pid the daemon spawned itself is waited for by asyncio's
-child watcher, and reaping it here would steal its exit status. So we reap the pids the
-service registered (sandbox processes, via pidfd) and, on a sweep, any child that is not a
-process asyncio is waiting on.
+child watcher or by `subprocess`, and reaping it here would steal its exit status. So we reap
+the pids the service registered (sandbox processes, via pidfd) and, on a sweep, adopted
+orphans: runsc's re-executed processes (comm `exe`) at once, and any other child once it has
+been a zombie for `ORPHAN_GRACE_S` seconds. That second rule catches what a killed runtime CLI
+leaves: `runc run` killed at its timeout left `runc:[0:PARENT]`, `runc:[2:INIT]` and the
+container's init as zombies of the daemon for good. Whoever waits on a child of its own does
+so within milliseconds of its exit (a blocked waitpid reaps at once), so a zombie that old
+has no waiter.
 """
 
 from __future__ import annotations
@@ -15,11 +20,17 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+import time
 from typing import Callable
 
 import psutil
 
 PR_SET_CHILD_SUBREAPER = 36
+# Seconds a zombie child that is not runsc's must stay unreaped before a sweep takes it.
+ORPHAN_GRACE_S = 2.0
+# The comm of runsc's sandbox and gofer processes (kept while a zombie): runsc re-executes
+# itself through /proc/self/exe. The runsc CLI and every tool the daemon spawns has its own.
+RUNSC_COMM = "exe"
 
 
 def become_subreaper() -> bool:
@@ -48,16 +59,14 @@ def _children() -> set[int]:
     return pids
 
 
-def _runsc_orphan(pid: int) -> bool:
-    """True for runsc's sandbox/gofer processes (re-parented to us), never our own spawns.
-
-    runsc re-executes itself through /proc/self/exe, so those processes' comm is `exe` (kept
-    while a zombie); the runsc CLI and every other tool the daemon spawns has its own name.
-    """
+def _comm_state(pid: int) -> tuple[str, str] | None:
+    """(comm, state letter: "Z" for a zombie), or None when it is gone."""
     try:
-        return psutil.Process(pid).name() == "exe"  # the comm, readable in a zombie too
+        p = psutil.Process(pid)
+        # comm and state, both readable in a zombie too
+        return p.name(), "Z" if p.status() == psutil.STATUS_ZOMBIE else "R"
     except psutil.Error:
-        return False
+        return None
 
 
 class Reaper:
@@ -65,6 +74,7 @@ class Reaper:
 
     def __init__(self) -> None:
         self._watched: dict[int, int] = {}  # pid -> pidfd
+        self._zombies: dict[int, float] = {}  # other zombie children -> when first seen
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
@@ -103,14 +113,28 @@ class Reaper:
             os.close(fd)
 
     def sweep(self) -> int:
-        """Reaps exited runsc orphans; returns how many."""
+        """Reaps exited adopted orphans (see the module's docstring); returns how many."""
         n = 0
+        now = time.monotonic()
+        zombies: dict[int, float] = {}
         for pid in _children():
-            if pid in self._watched or not _runsc_orphan(pid):
+            if pid in self._watched:
                 continue
+            got = _comm_state(pid)
+            if got is None:
+                continue
+            comm, state = got
+            if comm != RUNSC_COMM:
+                if state != "Z":
+                    continue
+                zombies[pid] = self._zombies.get(pid, now)
+                if now - zombies[pid] < ORPHAN_GRACE_S:
+                    continue
             try:
-                got, _ = os.waitpid(pid, os.WNOHANG)
+                reaped, _ = os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 continue
-            n += 1 if got else 0
+            zombies.pop(pid, None)
+            n += 1 if reaped else 0
+        self._zombies = zombies
         return n

@@ -13,6 +13,7 @@ import contextlib
 import os
 import re
 import stat
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -11,7 +11,7 @@ import base64
 import logging
 from dataclasses import asdict
 import json
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse as _StarletteJSON, Response
@@ -131,15 +131,21 @@ class JSONResponse(_StarletteJSON):
 
 
 class TypedServerErrors:
-    """ASGI middleware: an unexpected exception becomes a typed JSON 500 on the same connection.
+    """ASGI middleware: an unexpected exception becomes a typed JSON answer on the same connection.
 
     Starlette's own 500 path re-raises and the server drops the connection, which the client
     would see as a lost daemon. A plain ASGI wrapper, not `@app.middleware("http")`: that
     BaseHTTPMiddleware runs every request through an extra task and memory streams.
+
+    A request cut short by the daemon stopping (`rollbox daemon restart`/`stop`: uvicorn
+    cancels what is still running after its grace period) would get uvicorn's plain-text
+    "Internal Server Error"; it gets `daemon_unavailable` (503, retryable) instead, as does
+    any failure while `stopping()` says the daemon is going down.
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, stopping: Callable[[], bool] = lambda: False) -> None:
         self.app = app
+        self.stopping = stopping
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -154,13 +160,20 @@ class TypedServerErrors:
 
         try:
             await self.app(scope, receive, tracking_send)
-        except Exception as exc:  # noqa: BLE001
-            log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+        except (Exception, asyncio.CancelledError) as exc:
+            what = f"{scope.get('method')} {scope.get('path')}"
+            if isinstance(exc, asyncio.CancelledError) or self.stopping():
+                log.info("%s cut short: the daemon is stopping (%s)", what, type(exc).__name__)
+                err: errors.RollboxError = errors.DaemonUnavailable(
+                    f"the rollbox daemon stopped (restart, stop or shutdown) while {what} ran, so its outcome is "
+                    "unknown; retry the call (the SDK starts or finds the next daemon)")
+            else:
+                log.exception("unhandled error in %s", what)
+                err = errors.RollboxError(f"{type(exc).__name__}: {exc}")
             if started:
                 raise
-            body = json.dumps({"code": "internal", "message": f"{type(exc).__name__}: {exc}", "sandbox_id": None},
-                              ensure_ascii=True).encode()
-            await send({"type": "http.response.start", "status": 500,
+            body = json.dumps(err.to_wire(), ensure_ascii=True).encode()
+            await send({"type": "http.response.start", "status": err.status,
                         "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
             await send({"type": "http.response.body", "body": body})
 
@@ -173,7 +186,8 @@ def create_app(service: SandboxService) -> FastAPI:
     async def _rollbox_error(_req: Request, exc: errors.RollboxError) -> JSONResponse:
         return JSONResponse(status_code=exc.status, content=exc.to_wire())
 
-    app.add_middleware(TypedServerErrors)
+    app.state.stopping = False  # set by the daemon when a signal tells it to stop
+    app.add_middleware(TypedServerErrors, stopping=lambda: bool(app.state.stopping))
     add_episode_routes(app, service, ExecRequest, WriteFile, PathRequest)
     add_lease_routes(app, Leases(service))
 

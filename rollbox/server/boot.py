@@ -19,6 +19,7 @@ from ..network.policy import NetworkSpec, ResolvedPolicy
 from ..runtime import agentdir, cgroups
 from ..runtime.bundle import BundleSpec, default_agent, write_bundle
 from ..runtime.channel import AgentChannel, make_fifos, open_for_sandbox
+from ..runtime.driver import start_failed
 from ..runtime.gpu import Gpu, oci_devices as gpu_devices
 from ..runtime.rootfs import copy_tree, disk_free_bytes, mount_disk, mount_overlay
 from ..runtime.runsc import DEFAULT_PLATFORM, PLATFORMS
@@ -127,7 +128,7 @@ class Booter:
         resolved: ResolvedPolicy | None = None
         try:
             if net is not None:
-                slot, resolved = await ctx.net.acquire(net.policy, strict=snapshot is None)
+                slot, resolved = await ctx.net.acquire(net.policy, strict=snapshot is None, ports=net.ports)
                 self.reg.slots[sandbox_id] = slot
             layer = d / "disk"
             if disk_mib is not None:
@@ -193,18 +194,14 @@ class Booter:
                     # A restored copy has the files its source had (same policy); only pinned
                     # names are looked up again.
                     await self.networking.write_net_files(channel, sandbox_id, resolved)
-                for port in net.ports:
-                    await ctx.net.ports.expose(sandbox_id, port, slot.uplink_ip, host_ports.get(port, 0))
+                await ctx.net.expose(sandbox_id, slot, net.ports, host_ports)
             ttfc_ms = (time.monotonic() - t0) * 1000
         except BaseException as exc:
             channel.close("the sandbox failed to start")
             await self.teardown.teardown_host(sandbox_id, failed_start=True)
-            if isinstance(exc, errors.RollboxError):
+            if isinstance(exc, errors.RollboxError) or not isinstance(exc, Exception):
                 raise
-            if isinstance(exc, asyncio.TimeoutError):
-                raise errors.SandboxLost(f"sandbox {sandbox_id} did not answer within {BOOT_TIMEOUT_S:g} s "
-                                         f"of starting; see `rollbox doctor`", sandbox_id=sandbox_id) from None
-            raise
+            raise start_failed(sandbox_id, exc, BOOT_TIMEOUT_S) from exc
         cfg = ctx.images.meta(image_id).image_config
         lv = Live(sandbox_id, channel, image_id, cpu, memory_mib, env, keep_warm_seconds, volumes=volumes, key=key,
                   net=net, workdir=cfg.working_dir, user=cfg.user, disk_mib=disk_mib, runtime=runtime,

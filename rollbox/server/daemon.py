@@ -15,7 +15,8 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator
-from typing import IO
+from types import FrameType
+from typing import IO, Callable
 
 import uvicorn
 
@@ -75,6 +76,19 @@ def _tcp_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the app when a signal starts its shutdown: what runs then is
+    answered `daemon_unavailable` (retryable), never an untyped 500 (app.TypedServerErrors)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)
+
+
 async def serve_async(paths: Paths, listen: str | None = None) -> None:
     """Serves the API on the unix socket, and with `listen` ('HOST:PORT') also on TCP,
     where every request needs the bearer token (rollbox.server.auth)."""
@@ -107,7 +121,7 @@ async def serve_async(paths: Paths, listen: str | None = None) -> None:
         log.info("listening on tcp %s:%d (bearer token required)", *sockets[-1].getsockname()[:2])
     config = uvicorn.Config(asgi, log_level="warning", access_log=False,  # type: ignore[arg-type]
                             timeout_keep_alive=300, timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
+    server = _Server(config, on_exit=lambda: setattr(app.state, "stopping", True))
     watcher = asyncio.create_task(watchdog.run(service))
     try:
         await server.serve(sockets=sockets)

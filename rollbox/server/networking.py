@@ -66,7 +66,7 @@ class Networking:
         check_port(port)
         lv = await self.running(sandbox_id)
         slot, net = self._networked(sandbox_id, lv)
-        url = await self.ctx.net.ports.expose(sandbox_id, port, slot.uplink_ip)
+        url = (await self.ctx.net.expose(sandbox_id, slot, [port]))[port]
         if port not in net.ports:
             lv.net = NetworkSpec(net.policy, (*net.ports, port))
         self.ctx.store.update_sandbox(sandbox_id, **self.net_columns(sandbox_id, lv.net))

@@ -16,6 +16,7 @@ metrics use only this class's public names.
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import Coroutine
 from pathlib import Path
@@ -75,7 +76,7 @@ class SandboxService:
         self.live: dict[str, Live] = self.registry.live
         self.cgroup_leftovers: set[str] = self.registry.cgroup_leftovers
         self.volumes = VolumeStore(paths.volumes)
-        self.net = NetworkManager(paths.home)
+        self.net = NetworkManager(paths.home, read_file=self.read_bytes)
         self.warm = WarmPools(self)
         self.builder = Builder(self)
         # Before Metrics: its registry reads the gauges (admission limit included) at once.
@@ -260,6 +261,11 @@ class SandboxService:
 
     async def read_file(self, sandbox_id: str, path: str) -> dict[str, Any]:
         return await self.execfiles.read_file(sandbox_id, path)
+
+    async def read_bytes(self, sandbox_id: str, path: str, wait_s: float = 5.0) -> bytes:
+        """A running sandbox's file, for the port proxy: never resumes one, nor ends a slow one."""
+        reply = await self.registry.lookup(sandbox_id).channel.request("read_file", wait_s=wait_s, path=path)
+        return base64.b64decode(reply["data"])
 
     async def list_files(self, sandbox_id: str, path: str) -> dict[str, Any]:
         return await self.execfiles.list_files(sandbox_id, path)

@@ -121,8 +121,7 @@ async def recover(svc: SandboxService) -> dict[str, int]:
         if nrow is None or nlv is None or nlv.net is None:
             continue
         host_ports = {int(p): hp for p, hp in json.loads(nrow["host_ports"] or "{}").items()}
-        for port in nlv.net.ports:
-            await svc.net.ports.expose(sid, port, slot.uplink_ip, host_ports.get(port, 0))
+        await svc.net.expose(sid, slot, nlv.net.ports, host_ports)
         svc.store.update_sandbox(sid, **svc.net_columns(sid, nlv.net))
     return {"reattached": reattached, "cleaned": cleaned, "network_slots_cleaned": net_cleaned}
 
@@ -133,6 +132,10 @@ async def run(svc: SandboxService, interval_s: float = 1.0, sample_every: int = 
     while True:
         await asyncio.sleep(interval_s)
         n += 1
+        try:  # first and on its own: no other duty's failure may leave zombies unreaped
+            svc.reaper.sweep()
+        except Exception:  # noqa: BLE001
+            log.exception("reaper sweep failed")
         try:
             svc.warm.expire()
             await svc.net.expire()
@@ -140,7 +143,6 @@ async def run(svc: SandboxService, interval_s: float = 1.0, sample_every: int = 
             await expire_snapshots(svc)
             if n % sample_every == 0:
                 svc.sample_usage()
-            svc.reaper.sweep()
             svc.retry_cgroup_leftovers()
         except Exception:  # noqa: BLE001 - the watchdog must outlive any one failure
             log.exception("watchdog pass failed")

@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -157,6 +158,73 @@ def test_exposed_port_reaches_the_server_and_is_stable(make_sandbox) -> None:
     assert get(url) == sb.sandbox_id
 
 
+def http_status(url: str) -> tuple[int, str]:
+    """(status, body) of a GET, error statuses included."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def listens_inside(sb: SandboxInstance, port: int, host: str = "127.0.0.1") -> None:
+    for _ in range(100):
+        if reaches(sb, host, port):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"nothing came to listen on {host}:{port} in the sandbox")
+
+
+def test_an_exposed_port_with_nothing_listening_answers_502_saying_so_gh19(make_sandbox) -> None:
+    """It answered nothing (`RemoteDisconnected`); a server on 127.0.0.1 only looked the same."""
+    sb = make_sandbox(ports=[8000], memory=256)
+    url = sb.list_urls()[8000]
+    status, body = http_status(url)
+    assert status == 502, body
+    assert f"nothing is listening on port 8000 of sandbox {sb.sandbox_id}" in body
+    assert sb.exec("sh", "-c", "python3 -m http.server --bind 127.0.0.1 8000 >/dev/null 2>&1 &").exit_code == 0
+    listens_inside(sb, 8000)
+    status, body = http_status(url)
+    assert status == 502, body
+    assert "a server listens on 127.0.0.1:8000 only" in body and "Bind it to 0.0.0.0" in body
+
+
+def _marked_connect(ip: str, port: int, mark: int) -> None:
+    s = socket.socket()
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)
+        s.settimeout(3)
+        s.connect((ip, port))
+    finally:
+        s.close()
+
+
+def test_only_exposed_ports_reach_a_sandbox_and_only_through_its_url_gh19(make_sandbox, paths) -> None:
+    """A server on a port never exposed answered a host process connecting to the sandbox's
+    uplink address; so did an exposed one, past rollbox's listener."""
+    sb = make_sandbox(ports=[8000], memory=256)
+    url = start_hostname_server(sb)  # 0.0.0.0:8000, exposed
+    assert sb.exec("sh", "-c", "python3 -m http.server --bind 0.0.0.0 8001 >/dev/null 2>&1 &").exit_code == 0
+    listens_inside(sb, 8001)  # 0.0.0.0:8001, never exposed
+    layout = NetLayout.for_home(paths.home)
+    slot = layout.slot(net_slot(paths, sb.sandbox_id))
+    for port in (8000, 8001):  # from the host, straight to the uplink: refused either way
+        with pytest.raises(OSError):
+            socket.create_connection((slot.uplink_ip, port), 3).close()
+    # Past the host's rule (a connection carrying rollbox's own mark), the sandbox's router
+    # still forwards its exposed ports only.
+    _marked_connect(slot.uplink_ip, 8000, layout.mark)
+    with pytest.raises(OSError):
+        _marked_connect(slot.uplink_ip, 8001, layout.mark)
+    assert get(url) == sb.sandbox_id  # through its URL: served
+    other = make_sandbox(block_network=False, memory=256)  # from another sandbox: neither
+    assert not reaches(other, slot.uplink_ip, 8000) and not reaches(other, slot.uplink_ip, 8001)
+    url2 = sb.expose_port(8001)  # exposed later: then reachable, and again only through its URL
+    assert "Directory listing" in wait_get(url2)
+    with pytest.raises(OSError):
+        socket.create_connection((slot.uplink_ip, 8001), 3).close()
+
+
 def test_bad_network_input_is_refused_before_anything_is_made(make_sandbox) -> None:
     before = len(default_client().request("GET", "/sandboxes"))
     for kw in ({"ports": [0]}, {"ports": [70000]}, {"block_network": False, "allow_list": ["10.0.0.0/33"]},
@@ -225,7 +293,7 @@ def test_never_reachable_whatever_the_policy(outside, make_sandbox, paths) -> No
         host = host_address()
         # Sanity: each target is really there, for the host.
         socket.create_connection((host, port), 2).close()
-        socket.create_connection((other.uplink_ip, 8000), 2).close()
+        socket.create_connection(("127.0.0.1", int(neighbour.list_urls()[8000].rsplit(":", 1)[1])), 2).close()
         socket.create_connection((METADATA, EXT_PORT), 2).close()
         assert reaches(sb, EXT_A, EXT_PORT)  # the policy is open
         assert not reaches(sb, host, port), "the host's own address"

@@ -6,6 +6,8 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import threading
 import time
 
 import pytest
@@ -100,3 +102,38 @@ def test_a_cgroup_busy_across_a_restart_is_removed_once_free(paths) -> None:  # 
     finally:
         holder.kill()
         holder.wait()
+
+
+@pytest.mark.parametrize("how", ["restart", "crash"])
+def test_an_exec_cut_off_by_a_daemon_restart_or_crash_is_typed_and_retryable_gh19(paths, how: str) -> None:
+    """`rollbox daemon restart` during an exec gave an untyped ApiError("Internal Server Error"):
+    the daemon's server answered the request it cancelled itself, in plain text."""
+    sb = Sandbox(memory=256).create()
+    got: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            sb.exec("sleep", "10")
+            got.append(None)
+        except BaseException as e:  # noqa: BLE001
+            got.append(e)
+
+    t = threading.Thread(target=run)
+    try:
+        t.start()
+        time.sleep(1.5)  # the exec is running in the sandbox
+        if how == "restart":
+            subprocess.run([sys.executable, "-m", "rollbox", "daemon", "restart"], check=True, capture_output=True,
+                           timeout=120)
+        else:
+            _kill_daemon(paths)
+        t.join(60)
+        assert len(got) == 1, "the exec did not return"
+        err = got[0]
+        assert isinstance(err, (rollbox.DaemonUnavailable, rollbox.SandboxLost)), repr(err)
+        assert err.retryable
+        assert sb.exec("echo", "again").stdout == b"again\n"  # the retry, on the re-adopted sandbox
+    finally:
+        t.join(60)
+        sb.terminate()
+    assert host_traces(paths, sb.sandbox_id) == []

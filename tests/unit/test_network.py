@@ -131,3 +131,20 @@ def test_slot_preparation_is_retried_then_fails_typed(monkeypatch: pytest.Monkey
         asyncio.run(m._make())
     assert calls == ["create", "destroy"]  # not retried, and nothing half-made is left
     assert m._creating == set()
+
+
+def test_uplinks_take_only_exposed_ports_and_only_from_rollbox_gh19() -> None:
+    """A server on a port never exposed answered a host process connecting to the sandbox's
+    uplink address: the router forwarded everything. Now it forwards the exposed ports only,
+    from the host end only, and the host lets only marked (the proxy's) connections out."""
+    layout = NetLayout.for_home("/x")
+    slot = layout.slot(1)
+    rules = router_ruleset(slot, [9000, 8000, 8000])
+    dnat = [line for line in rules.splitlines() if "dnat to" in line]
+    assert dnat and all(f"ip saddr {slot.host_ip} ip daddr {slot.uplink_ip} tcp dport @ports" in d for d in dnat)
+    assert "add element ip rollbox ports { 8000, 9000 }" in rules
+    assert "add element" not in router_ruleset(slot) and "flush set ip rollbox ports" in router_ruleset(slot)
+    assert 'iifname "up" oifname "sb" drop' in rules  # nothing but DNATed or replies goes in
+    base = firewall.base_ruleset(layout, [])
+    assert f'oifname "{layout.prefix}*" ct state new meta mark != {layout.mark:#x} reject' in base
+    assert NetLayout.for_home("/y").mark != layout.mark

@@ -1,0 +1,113 @@
+"""Many small execs at once: `echo 1` at high concurrency across a fleet of sandboxes.
+
+The benchmark's exec fan-out row (bench/bench.py: 256 at once across 32 sandboxes in full mode)
+and, small, a load test (tests/load/test_execs.py: 400 at 64 across 8). Every exec goes
+through the process's one SDK client, so this measures its connection handling (a pooled
+connection per call in flight, no per-call set-up) as much as the daemon. 2,000 execs at 64
+once failed with `Bad file descriptor` there (gh-19).
+
+While it runs, a sampler watches the daemon's children: `max_zombie_s` is the longest any of
+them stayed a zombie (the daemon reaps what it spawns and adopts within seconds).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import threading
+import time
+from typing import Any
+
+from rollbox.config import Paths
+from rollbox.errors import RollboxError
+from rollbox.sdk.sandbox import Sandbox, SandboxInstance, default_client
+
+from .stats import pct
+
+
+def zombie_children(pid: int) -> set[int]:
+    """Pids of `pid`'s children that are zombies now."""
+    out: set[int] = set()
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids = f.read().split()
+        except OSError:
+            continue
+        for kid in kids:
+            try:
+                with open(f"/proc/{kid}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if stat[stat.rfind(")") + 2:].startswith("Z"):
+                out.add(int(kid))
+    return out
+
+
+class ZombieWatch:
+    """Samples a process's zombie children every `interval_s`; `max_age_s` is the longest any
+    stayed one (a pid seen in consecutive samples)."""
+
+    def __init__(self, pid: int, interval_s: float = 0.1) -> None:
+        self.pid, self.interval_s, self.max_age_s = pid, interval_s, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> "ZombieWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        first: dict[int, float] = {}
+        while not self._stop.wait(self.interval_s):
+            now = time.monotonic()
+            first = {p: first.get(p, now) for p in zombie_children(self.pid)}
+            self.max_age_s = max([self.max_age_s, *(now - t for t in first.values())])
+
+
+def fanout(sandboxes: int, concurrency: int, n: int, memory: int = 256) -> dict[str, Any]:
+    """`n` execs of `echo 1`, `concurrency` at once, spread over `sandboxes` fresh sandboxes.
+
+    Returns execs/s, p50/p99 latency in ms, the failures (a wrong result counts) and the
+    daemon's longest-lived zombie; the sandboxes are terminated at the end.
+    """
+    made: list[SandboxInstance] = []
+    try:
+        with cf.ThreadPoolExecutor(min(8, sandboxes)) as ex:
+            made += ex.map(lambda _i: Sandbox(memory=memory).create(), range(sandboxes))
+        default_client().ensure_daemon()
+        daemon = int(Paths.from_env().daemon_lock.read_text().strip())
+        lat: list[float] = []
+        failures: list[str] = []
+
+        def one(i: int) -> None:
+            t0 = time.perf_counter()
+            try:
+                r = made[i % len(made)].exec("echo", "1", timeout=60)
+                if r.exit_code != 0 or r.stdout != b"1\n":
+                    failures.append(f"exec {i}: exit {r.exit_code}, stdout {r.stdout!r}, stderr {r.stderr[-200:]!r}")
+            except RollboxError as e:
+                failures.append(f"exec {i}: {type(e).__name__}: {e}")
+            lat.append((time.perf_counter() - t0) * 1000)
+
+        with ZombieWatch(daemon) as zombies:
+            t0 = time.perf_counter()
+            with cf.ThreadPoolExecutor(concurrency) as ex:
+                list(ex.map(one, range(n)))
+            seconds = time.perf_counter() - t0
+        return {"sandboxes": sandboxes, "concurrency": concurrency, "execs": n, "seconds": round(seconds, 2),
+                "execs_per_s": round(n / seconds, 1), "p50_ms": round(pct(lat, .5), 1),
+                "p99_ms": round(pct(lat, .99), 1), "failed": len(failures), "failures": failures[:10],
+                "max_zombie_s": round(zombies.max_age_s, 2)}
+    finally:
+        with cf.ThreadPoolExecutor(8) as ex:
+            list(ex.map(lambda sb: sb.terminate(), made))
