@@ -49,8 +49,9 @@ def test_an_exited_exe_orphan_is_recognised_and_reaped() -> None:
     for p in (exe, mine):  # both exited, neither reaped yet: zombies
         os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)
     try:
-        assert reaper._runsc_orphan(exe.pid) is True
-        assert reaper._runsc_orphan(mine.pid) is False
+        assert reaper._comm_state(exe.pid) == (reaper.RUNSC_COMM, "Z")
+        comm, state = reaper._comm_state(mine.pid)  # type: ignore[misc]
+        assert comm != reaper.RUNSC_COMM and state == "Z"
         assert {exe.pid, mine.pid} <= reaper._children()
         assert reaper.Reaper().sweep() == 1
         assert exe.pid not in reaper._children() and mine.pid in reaper._children()
