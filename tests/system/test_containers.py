@@ -151,6 +151,9 @@ def test_python_commands_behave_as_a_fresh_interpreter_gh15(one_sandbox_pool: Ep
         c.fs.write_file("/work/m.py", "import sys\nprint(__name__, sys.argv[1:], input())\n")
         r = c.exec("python3", "/work/m.py", "z", stdin=b"line\n")
         assert r.stdout == b"__main__ ['z'] line\n"
+        c.fs.write_file("/work/bad.py", "1 / 0\n")  # the traceback is the program's alone: no runpy frames
+        r = c.exec("python3", "/work/bad.py")
+        assert r.stderr.splitlines()[:2] == [b"Traceback (most recent call last):", b'  File "/work/bad.py", line 1, in <module>']
         r = c.exec("python3", "-c", "while True: pass", timeout=1)
         assert r.timed_out and r.exit_code is None
         # Files survive the in-place command; a later command gets a fresh init.
@@ -204,3 +207,4 @@ def test_humaneval_canonical_all_pass_in_containers_gh15(snapshot_id: str) -> No
     with SandboxPool(snapshot_id, max_concurrency=8, isolation="container") as pool:
         res = list(pool.map(episode, progs, timeout=60, retries=1))
     assert sum(1 for r in res if r.status == "ok" and r.reward == 1.0) == len(probs) == 164
+
