@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -208,3 +209,21 @@ def test_humaneval_canonical_all_pass_in_containers_gh15(snapshot_id: str) -> No
         res = list(pool.map(episode, progs, timeout=60, retries=1))
     assert sum(1 for r in res if r.status == "ok" and r.reward == 1.0) == len(probs) == 164
 
+
+def test_pool_left_idle_past_keep_warm_serves_on(snapshot_id: str) -> None:
+    """A long-lived pool (a server between bursts) whose pooled sandboxes expired while it sat
+    idle: the next episodes run in fresh restores at the first attempt (retries=0)."""
+    def episode(sb: ContainerInstance, _task: int) -> bool:
+        return sb.exec("true").exit_code == 0
+
+    with SandboxPool(snapshot_id, max_concurrency=4, isolation="container", keep_warm_seconds=2) as pool:
+        first = [pool.submit(i, episode, retries=0) for i in range(4)]
+        assert [f.result().status for f in first] == ["ok"] * 4
+        expired = {f.result().sandbox_id for f in first}
+        deadline = time.monotonic() + 30  # the daemon's watchdog ends them within a few seconds
+        while expired & {s["sandbox_id"] for s in default_client().request("GET", "/sandboxes")}:
+            assert time.monotonic() < deadline, "the pooled sandboxes never expired"
+            time.sleep(0.5)
+        again = [pool.submit(i, episode, retries=0) for i in range(4)]
+        assert [f.result().status for f in again] == ["ok"] * 4, [f.result().error for f in again]
+        assert not expired & {f.result().sandbox_id for f in again}
