@@ -270,9 +270,8 @@ def image_ls() -> None:
     print(f"store: {sum(m['own_bytes'] for m in rows) / 2**20:.1f} MiB in {len(rows)} images")
 
 
-@image_app.command("build")
-def image_build(target: str = typer.Argument(..., help="FILE.py:NAME, NAME an Image in that file")) -> None:
-    """Build an Image defined in a Python file (each step cached; unchanged steps do no work)."""
+def _image_from_file(target: str):  # type: ignore[no-untyped-def]
+    """The Image named NAME in the Python file of "FILE.py:NAME"."""
     import runpy
 
     from ..sdk.image import Image
@@ -293,7 +292,13 @@ def image_build(target: str = typer.Argument(..., help="FILE.py:NAME, NAME an Im
     img = ns.get(name)
     if not isinstance(img, Image):
         raise typer.BadParameter(f"{name} in {path} is not a rollbox Image")
-    rep = img.build_report(_client())
+    return img
+
+
+@image_app.command("build")
+def image_build(target: str = typer.Argument(..., help="FILE.py:NAME, NAME an Image in that file")) -> None:
+    """Build an Image defined in a Python file (each step cached; unchanged steps do no work)."""
+    rep = _image_from_file(target).build_report(_client())
     for st in rep["steps"]:
         print(f"{'cached' if st['cached'] else 'built':<7} {st['seconds']:>7.1f}s  {st['image_id']}  {st['step']}")
     print(rep["image_id"])
@@ -382,6 +387,24 @@ def demo_humaneval(concurrency: int = typer.Option(8, help="episodes at once"),
         raise errors.InvalidArgument(f"--isolation {isolation!r}: use container or sandbox")
     run_demo(concurrency=concurrency, limit=limit, results_path=results, timeout=timeout, warm=warm,
              isolation=isolation)
+
+
+@app.command("serve-fusion")
+def serve_fusion(listen: str = typer.Option("127.0.0.1:8080", help="HOST:PORT to serve on (no authentication: "
+                                                                   "keep it on loopback or a trusted network)"),
+                 isolation: str = typer.Option("container", help="container: a fresh container per request in "
+                                               "pooled gVisor sandboxes (fast); sandbox: a fresh gVisor sandbox each"),
+                 concurrency: int = typer.Option(0, help="requests run at once (0: 4 per core); more queue"),
+                 image: str = typer.Option("debian", help="debian (python3, bash), toolchains (+ g++, Go, Java, "
+                                           "Node.js, Rust, pytest; built once), an image id, FILE.py:NAME or a "
+                                           "registry reference"),
+                 memory: int = typer.Option(1024, help="MiB per sandbox (a container's address-space cap too)")) -> None:
+    """Serve SandboxFusion's HTTP API (POST /run_code, /run_jupyter), every request in a fresh
+    rollbox episode; point verl at it with sandbox_fusion_url=http://HOST:PORT/run_code."""
+    from ..integrations import fusion
+    img = _image_from_file(image) if ".py:" in image else fusion.image_for(image)
+    fusion.serve(fusion.FusionBackend(img, isolation=isolation, concurrency=concurrency or fusion.default_concurrency(),
+                                      memory_mib=memory), listen)
 
 
 @app.command()

@@ -9,8 +9,8 @@ from rollbox import errors
 def test_all_is_sorted_and_complete() -> None:
     assert rollbox.__all__ == sorted(rollbox.__all__)
     public = {n for n in dir(rollbox) if not n.startswith("_")} - {
-        "cli", "client", "config", "demos", "distributed", "errors", "images", "network", "runtime", "sdk", "server", "snapshots", "types",
-        "volumes"}
+        "cli", "client", "config", "demos", "distributed", "errors", "images", "integrations", "network", "runtime", "sdk", "server",
+        "snapshots", "types", "volumes"}
     assert public == set(rollbox.__all__) - {"__version__"}
 
 
