@@ -270,16 +270,37 @@ def image_ls() -> None:
     print(f"store: {sum(m['own_bytes'] for m in rows) / 2**20:.1f} MiB in {len(rows)} images")
 
 
+def _image_from_file(target: str):  # type: ignore[no-untyped-def]
+    """The Image named NAME in the Python file of "FILE.py:NAME"."""
+    import runpy
+
+    from ..sdk.image import Image
+
+    path, _, name = target.rpartition(":")
+    if not path or not name:
+        raise typer.BadParameter("expected a Dockerfile or FILE.py:NAME")
+    file = os.path.abspath(path)
+    if not os.path.isfile(file):
+        raise typer.BadParameter(f"{path}: no such file")
+    # Relative paths in the file (add_local_file("policy.py", ...)) are the file's own.
+    cwd = os.getcwd()
+    os.chdir(os.path.dirname(file))
+    try:
+        ns = runpy.run_path(file)
+    finally:
+        os.chdir(cwd)
+    img = ns.get(name)
+    if not isinstance(img, Image):
+        raise typer.BadParameter(f"{name} in {path} is not a rollbox Image")
+    return img
+
+
 @image_app.command("build")
 def image_build(target: str = typer.Argument(..., help="a Dockerfile, or FILE.py:NAME (NAME an Image in that file)"),
                 context: Optional[str] = typer.Option(None, help="Dockerfile build context (default: its directory)"),
                 build_arg: list[str] = typer.Option([], "--build-arg", help="K=V for an ARG (repeatable)"),
                 stage: Optional[str] = typer.Option(None, "--target", help="the Dockerfile stage to build")) -> None:
     """Build an Image defined in a Dockerfile or a Python file (each step cached; unchanged steps do no work)."""
-    import runpy
-
-    from ..sdk.image import Image
-
     if os.path.isfile(target) and not target.endswith(".py"):
         from .dockerbuild import dockerfile_image
 
@@ -287,23 +308,7 @@ def image_build(target: str = typer.Argument(..., help="a Dockerfile, or FILE.py
     else:
         if context or build_arg or stage:
             raise typer.BadParameter("--context, --build-arg and --target apply to a Dockerfile")
-        path, _, name = target.rpartition(":")
-        if not path or not name:
-            raise typer.BadParameter("expected a Dockerfile or FILE.py:NAME")
-        file = os.path.abspath(path)
-        if not os.path.isfile(file):
-            raise typer.BadParameter(f"{path}: no such file")
-        # Relative paths in the file (add_local_file("policy.py", ...)) are the file's own.
-        cwd = os.getcwd()
-        os.chdir(os.path.dirname(file))
-        try:
-            ns = runpy.run_path(file)
-        finally:
-            os.chdir(cwd)
-        found = ns.get(name)
-        if not isinstance(found, Image):
-            raise typer.BadParameter(f"{name} in {path} is not a rollbox Image")
-        img = found
+        img = _image_from_file(target)
     rep = img.build_report(_client())
     for st in rep["steps"]:
         print(f"{'cached' if st['cached'] else 'built':<7} {st['seconds']:>7.1f}s  {st['image_id']}  {st['step']}")
@@ -395,6 +400,24 @@ def demo_humaneval(concurrency: int = typer.Option(8, help="episodes at once"),
              isolation=isolation)
 
 
+@app.command("serve-fusion")
+def serve_fusion(listen: str = typer.Option("127.0.0.1:8080", help="HOST:PORT to serve on (no authentication: "
+                                                                   "keep it on loopback or a trusted network)"),
+                 isolation: str = typer.Option("container", help="container: a fresh container per request in "
+                                               "pooled gVisor sandboxes (fast); sandbox: a fresh gVisor sandbox each"),
+                 concurrency: int = typer.Option(0, help="requests run at once (0: 4 per core); more queue"),
+                 image: str = typer.Option("debian", help="debian (python3, bash), toolchains (+ g++, Go, Java, "
+                                           "Node.js, Rust, pytest; built once), an image id, FILE.py:NAME or a "
+                                           "registry reference"),
+                 memory: int = typer.Option(1024, help="MiB per sandbox (a container's address-space cap too)")) -> None:
+    """Serve SandboxFusion's HTTP API (POST /run_code, /run_jupyter), every request in a fresh
+    rollbox episode; point verl at it with sandbox_fusion_url=http://HOST:PORT/run_code."""
+    from ..integrations import fusion
+    img = _image_from_file(image) if ".py:" in image else fusion.image_for(image)
+    fusion.serve(fusion.FusionBackend(img, isolation=isolation, concurrency=concurrency or fusion.default_concurrency(),
+                                      memory_mib=memory), listen)
+
+
 @app.command()
 def top(interval: float = typer.Option(1.0, help="seconds between refreshes"),
         once: bool = typer.Option(False, "--once", help="print one frame (rates over one interval) and exit")) -> None:
@@ -415,7 +438,8 @@ def bench(ctx: typer.Context,
           quick: bool = typer.Option(False, "--quick", help="fewer samples, no scale tests (< 2 min)")) -> None:
     """Run the benchmark (bench/bench.py in the source tree): one table, then one JSON line.
     Extra arguments go to the benchmark (e.g. --shared-daemon); `rollbox bench humaneval` runs
-    only its HumanEval section (bench/humaneval.py)."""
+    only its HumanEval section (bench/humaneval.py), `rollbox bench fusion` HumanEval through
+    `rollbox serve-fusion` and the sandbox-fusion client beside the SDK (bench/fusion.py)."""
     import importlib
     from pathlib import Path
 
@@ -427,6 +451,8 @@ def bench(ctx: typer.Context,
     extra = list(ctx.args)
     if extra[:1] == ["humaneval"]:  # `rollbox bench humaneval [--quick] [--limit N] [--modes ...]`
         raise typer.Exit(importlib.import_module("bench.humaneval").main((["--quick"] if quick else []) + extra[1:]))
+    if extra[:1] == ["fusion"]:  # `rollbox bench fusion [--concurrency 8] [--isolation ...]`: /run_code vs the SDK
+        raise typer.Exit(importlib.import_module("bench.fusion").main(extra[1:]))
     bench_main = importlib.import_module("bench.bench").main
     raise typer.Exit(bench_main((["--quick"] if quick else []) + extra))
 

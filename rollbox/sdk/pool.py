@@ -16,7 +16,8 @@ Streaming (actors that produce work continuously): `pool.submit(task)` returns a
 once and `pool.as_completed()` yields EpisodeResults as they land. While streaming, the
 daemon's warm pool follows the queue: it is sized to the number of episodes submitted and not
 yet finished (capped by `warm`, or by `max_concurrency` when `warm` is 0), and set to zero
-when the queue drains (scale to zero).
+when the queue drains (scale to zero). In container mode there is no warm pool to size: the
+pooled sandboxes are restored on demand and serve many episodes each.
 """
 
 from __future__ import annotations
@@ -444,7 +445,8 @@ class _Stream:
         self.depth = 0  # submitted, not finished
         self.unyielded = 0  # submitted, result not yet yielded by as_completed
         self.index = itertools.count()
-        self.cap = min(64, pool.warm if pool.warm > 0 else pool.max_concurrency)
+        # Container mode restores its pooled sandboxes on demand: spares would sit unused.
+        self.cap = 0 if pool.isolation == "container" else min(64, pool.warm if pool.warm > 0 else pool.max_concurrency)
         self.warm_now = 0  # what the daemon was last told
         self.wake = threading.Event()
         self.stopping = False

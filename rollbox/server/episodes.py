@@ -168,7 +168,18 @@ class EpisodePools:
                 "sandboxes": [{"sandbox_id": p.sandbox_id, "running": len(p.running), "served": p.served,
                                "retired": p.retired} for p in pool.sandboxes.values()]}
 
+    def _drop_ended(self, pool: EpisodePool) -> None:
+        """Forgets pooled sandboxes that ended by themselves (keep_warm expiry while the pool
+        sat idle, out of memory, killed): a container made there could only fail, and after a
+        long idle spell every one of them has ended."""
+        for sid, p in list(pool.sandboxes.items()):
+            if sid not in self.service.live:
+                p.retired = True
+                if not p.running:
+                    del pool.sandboxes[sid]
+
     def _free_slot(self, pool: EpisodePool) -> PooledSandbox | None:
+        self._drop_ended(pool)
         best = None
         for p in pool.sandboxes.values():
             if p.retired or len(p.running) >= pool.containers_per_sandbox:

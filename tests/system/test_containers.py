@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -152,6 +153,9 @@ def test_python_commands_behave_as_a_fresh_interpreter_gh15(one_sandbox_pool: Ep
         c.fs.write_file("/work/m.py", "import sys\nprint(__name__, sys.argv[1:], input())\n")
         r = c.exec("python3", "/work/m.py", "z", stdin=b"line\n")
         assert r.stdout == b"__main__ ['z'] line\n"
+        c.fs.write_file("/work/bad.py", "1 / 0\n")  # the traceback is the program's alone: no runpy frames
+        r = c.exec("python3", "/work/bad.py")
+        assert r.stderr.splitlines()[:2] == [b"Traceback (most recent call last):", b'  File "/work/bad.py", line 1, in <module>']
         r = c.exec("python3", "-c", "while True: pass", timeout=1)
         assert r.timed_out and r.exit_code is None
         # Files survive the in-place command; a later command gets a fresh init.
@@ -282,3 +286,22 @@ def test_a_dead_clients_pool_sandboxes_and_spares_end_with_its_lease_gh19(snapsh
     while owned() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert owned() == [], "sandboxes of a dead client's pool outlived its 2 s lease by 30 s"
+
+
+def test_pool_left_idle_past_keep_warm_serves_on(snapshot_id: str) -> None:
+    """A long-lived pool (a server between bursts) whose pooled sandboxes expired while it sat
+    idle: the next episodes run in fresh restores at the first attempt (retries=0)."""
+    def episode(sb: ContainerInstance, _task: int) -> bool:
+        return sb.exec("true").exit_code == 0
+
+    with SandboxPool(snapshot_id, max_concurrency=4, isolation="container", keep_warm_seconds=2) as pool:
+        first = [pool.submit(i, episode, retries=0) for i in range(4)]
+        assert [f.result().status for f in first] == ["ok"] * 4
+        expired = {f.result().sandbox_id for f in first}
+        deadline = time.monotonic() + 30  # the daemon's watchdog ends them within a few seconds
+        while expired & {s["sandbox_id"] for s in default_client().request("GET", "/sandboxes")}:
+            assert time.monotonic() < deadline, "the pooled sandboxes never expired"
+            time.sleep(0.5)
+        again = [pool.submit(i, episode, retries=0) for i in range(4)]
+        assert [f.result().status for f in again] == ["ok"] * 4, [f.result().error for f in again]
+        assert not expired & {f.result().sandbox_id for f in again}

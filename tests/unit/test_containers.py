@@ -68,10 +68,12 @@ class FakeService:
 
     async def acquire(self, snapshot_id: str, **_kw: Any) -> Any:
         self.restored += 1
+        self.live[f"sb-{self.restored}"] = None
         return type("Info", (), {"sandbox_id": f"sb-{self.restored}"})()
 
     async def terminate(self, sandbox_id: str, reason: str = "") -> None:
         self.terminated.append(sandbox_id)
+        self.live.pop(sandbox_id, None)
 
     def spawn(self, coro: Any) -> None:
         asyncio.ensure_future(coro)
@@ -114,6 +116,24 @@ def test_pool_spreads_recycles_and_closes_gh15() -> None:
         assert e["sandbox_id"] in svc.terminated
         with pytest.raises(errors.EpisodePoolNotFound):
             await pools.begin(pid)
+    run(go())
+
+
+def test_pooled_sandboxes_that_ended_are_not_handed_out() -> None:
+    """A pool left idle past keep_warm_seconds finds its pooled sandboxes gone: the next
+    episodes get fresh restores, not containers in sandboxes that no longer exist."""
+    async def go() -> None:
+        svc = FakeService()
+        pools = EpisodePools(svc)  # type: ignore[arg-type]
+        pid = pools.open("sn-ok", max_concurrency=4)["pool_id"]
+        eps = [await pools.begin(pid) for _ in range(4)]
+        for e in eps:
+            await pools.end(pid, e["container_id"])
+        assert svc.restored == 2
+        svc.live.clear()  # both expired (or ran out of memory) while the pool sat idle
+        again = [await pools.begin(pid) for _ in range(4)]
+        assert {e["sandbox_id"] for e in again} == {"sb-3", "sb-4"} and svc.restored == 4
+        assert {p["sandbox_id"] for p in pools.describe(pid)["sandboxes"]} == {"sb-3", "sb-4"}
     run(go())
 
 

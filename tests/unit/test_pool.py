@@ -382,6 +382,32 @@ def test_submit_returns_at_once_and_streams(backend):
     assert len({i.sandbox_id for i in backend.created}) == 11  # a fresh sandbox per episode
 
 
+def test_container_streaming_keeps_no_warm_spares(monkeypatch):
+    """Container mode restores its pooled sandboxes on demand: streaming must not also ask
+    the daemon for warm spares of the snapshot, which nothing would ever use."""
+    made: list[FakeInstance] = []
+
+    class FakeEpisodePool:
+        def __init__(self, client: Any, snapshot_id: str, **kw: Any) -> None:
+            pass
+
+        def begin(self) -> FakeInstance:
+            made.append(FakeInstance(f"sb-{len(made)}"))
+            return made[-1]
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(pool_mod, "EpisodePoolClient", FakeEpisodePool)
+    client = RecordingClient()
+    with SandboxPool("sn-test", max_concurrency=4, client=client, fn=lambda sb, t: t * 2, isolation="container",
+                     scale_down_after_s=0.05) as pool:
+        futs = [pool.submit(i) for i in range(8)]
+        assert sorted(f.result(timeout=10).value for f in futs) == [0, 2, 4, 6, 8, 10, 12, 14]
+        time.sleep(0.5)  # the sizer's period is 0.2 s
+    assert client.warm_counts == [] and len(made) == 8
+
+
 def test_submit_errors(backend, client):
     pool = SandboxPool("sn-test", max_concurrency=2, client=client)
     with pytest.raises(errors.InvalidArgument, match="episode function"):

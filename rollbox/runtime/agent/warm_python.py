@@ -173,8 +173,8 @@ def _run_python(cmd, env):
     except BaseException as e:  # noqa: BLE001 - as the interpreter does: traceback, status 1
         import traceback
         tb = e.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__):
-            tb = tb.tb_next  # our frames and runpy's are not the program's
+        while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__, "<frozen runpy>"):
+            tb = tb.tb_next  # our frames and runpy's (frozen since Python 3.11) are not the program's
         try:
             traceback.print_exception(type(e), e, tb)
         except BaseException:  # noqa: BLE001

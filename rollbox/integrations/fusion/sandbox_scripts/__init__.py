@@ -1,0 +1,1 @@
+"""Programs that run inside the sandbox (copied into the warm snapshot), not imported here."""
