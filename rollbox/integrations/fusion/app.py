@@ -22,7 +22,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from rollbox import InvalidArgument
+from rollbox.errors import InvalidArgument
 
 from .backend import FusionBackend
 from .models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse, RunStatus

@@ -22,7 +22,11 @@ from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
-from rollbox import EpisodeResult, Image, InvalidArgument, InvalidState, RollboxError, Sandbox, SandboxPool
+from rollbox.errors import InvalidArgument, InvalidState, RollboxError
+from rollbox.sdk.image import Image
+from rollbox.sdk.pool import SandboxPool
+from rollbox.sdk.sandbox import Sandbox
+from rollbox.types import EpisodeResult
 from rollbox.sdk.pool import ISOLATIONS
 
 from . import languages as langs

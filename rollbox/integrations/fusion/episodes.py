@@ -16,7 +16,9 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollbox import EpisodeResult, ExecResult, FileNotFoundInSandbox, InvalidArgument, SandboxInstance
+from rollbox.errors import FileNotFoundInSandbox, InvalidArgument
+from rollbox.sdk.sandbox import SandboxInstance
+from rollbox.types import EpisodeResult, ExecResult
 
 from .languages import KERNEL, WORKDIR, Language
 from .models import CellRunResult, CommandRunResult, CommandRunStatus, RunCodeResponse, RunJupyterResponse, RunStatus
