@@ -155,7 +155,10 @@ class SandboxPool:
                 pass
             finally:
                 self._slots.release()
-        self._reaper.submit(go)
+        try:
+            self._reaper.submit(go)
+        except RuntimeError:  # closed while this attempt ran (a Ray node's late attempt): end it now
+            go()
 
     def _attempt(self, fn: Callable[[SandboxInstance, Any], Any], task: Any, timeout: float | None
                  ) -> tuple[str, Any, str | None, SandboxInstance | None, float | None, bool]:
