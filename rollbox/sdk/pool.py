@@ -228,7 +228,10 @@ class SandboxPool:
                 pass
             finally:
                 self._slots.release()
-        self._reaper.submit(go)
+        try:
+            self._reaper.submit(go)
+        except RuntimeError:  # closed while this attempt ran (a Ray node's late attempt): end it now
+            go()
 
     def attempt(self, fn: Callable[[SandboxInstance, Any], Any], task: Any, timeout: float | None) -> AttemptOutcome:
         """One episode attempt on one fresh sandbox, classified as `map` classifies it (the

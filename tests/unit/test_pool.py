@@ -436,3 +436,21 @@ def test_as_completed_timeout(backend, client):
         with pytest.raises(TimeoutError, match="1 outstanding"):
             next(pool.as_completed(timeout=0.2))
         gate.set()
+
+
+def test_an_attempt_that_ends_after_its_pool_closed_still_ends_its_sandbox(backend, client):
+    """A Ray node's pool can be closed by the driver while one of its attempts still runs (on a
+    restarted daemon, say): that attempt's sandbox was left alive ("cannot schedule new
+    futures after shutdown"), to be found by the next batch."""
+    pool = SandboxPool("sn-test", max_concurrency=2, client=client)
+    release = threading.Event()
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(pool._attempt(lambda sb, task: release.wait(10), 1, 30)))
+    t.start()
+    while not backend.created:
+        time.sleep(0.01)
+    pool.close()
+    release.set()
+    t.join(10)
+    assert out and out[0][0] == "ok"
+    assert backend.created[0].terminated.is_set()
