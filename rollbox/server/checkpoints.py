@@ -54,6 +54,11 @@ class Checkpoints:
                     pass
             if self.ctx.store.state(sandbox_id) is SandboxState.PAUSED:
                 await self.resume(sandbox_id)
+        elif lv.channel.closed_reason is not None and lv.exit_reason is None:
+            # It just died: give the death watch a moment to say how (oom, init killed, lost).
+            deadline = time.monotonic() + 4.0
+            while lv.exit_reason is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
         return self.reg.lookup(sandbox_id)
 
     async def snapshot_memory(self, sandbox_id: str, *, internal: bool = False, kind: str = "memory",

@@ -122,6 +122,10 @@ class Registry:
                 raise errors.SandboxNotFound(f"{sandbox_id!r} is not a sandbox id (expected 'sb-' + 24 hex digits)")
             raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found: list sandboxes with `rollbox ps`",
                                          sandbox_id=sandbox_id)
+        if lv is not None and lv.exit_reason is None:
+            # Its channel closed but how it ended is not classified yet (the process watch
+            # comes a moment later): it died without a known cause, which is retryable.
+            raise ended_error(sandbox_id, None)
         reason = (lv.exit_reason if lv else None) or (row["exit_reason"] if row else None) or "terminated"
         raise ended_error(sandbox_id, reason)
 
