@@ -30,6 +30,7 @@ from .errors import (  # noqa: E402
     SnapshotNotFound,
     UnsupportedImage,
     UnsupportedOperation,
+    VolumeBusy,
     VolumeNotFound,
 )
 from .distributed import init  # noqa: E402
@@ -76,6 +77,7 @@ __all__ = [
     "UnsupportedImage",
     "UnsupportedOperation",
     "Volume",
+    "VolumeBusy",
     "VolumeNotFound",
     "__version__",
     "function",

@@ -13,6 +13,7 @@
     │   └── EpisodePoolNotFound
     ├── InvalidState             (e.g. exec on a terminated sandbox)
     │   ├── UnsupportedOperation (the sandbox's runtime cannot do it, e.g. a runc memory snapshot)
+    │   ├── VolumeBusy           (a read-write mount beside a gVisor writer of the same volume)
     │   └── SandboxTerminated
     │       └── FunctionTimeout  (a remote function ran past its timeout; its sandbox was killed)
     ├── SandboxLost              (died or unreachable: an infrastructure fault, retryable)
@@ -103,6 +104,13 @@ class UnsupportedOperation(InvalidState):
     code = "unsupported_operation"
 
 
+class VolumeBusy(InvalidState):
+    """A read-write volume mount was refused: another sandbox mounts the volume read-write and
+    one of the two is gVisor, whose concurrent writes to one file are not kept intact."""
+
+    code = "volume_busy"
+
+
 class SandboxTerminated(InvalidState):
     code = "sandbox_terminated"
 
@@ -176,7 +184,7 @@ CODES: dict[str, type[RollboxError]] = {
         RollboxError, InvalidArgument, NotFound, SandboxNotFound, SnapshotNotFound, ImageNotFound,
         VolumeNotFound, FileNotFoundInSandbox, InvalidState, SandboxTerminated, SandboxLost, RuntimeMissing,
         ResourceExhausted, DaemonUnavailable, ApiError, ImagePullError, ImageCorrupt, UnsupportedImage,
-        ImageBuildError, FunctionTimeout, ResourceUnavailable, Unauthorized, UnsupportedOperation,
+        ImageBuildError, FunctionTimeout, ResourceUnavailable, Unauthorized, UnsupportedOperation, VolumeBusy,
         ContainerNotFound, EpisodePoolNotFound,
     )
 }

@@ -55,6 +55,43 @@ def mount_disk(target: Path, size_mib: int) -> None:
                                f"`{' '.join(argv[:1])}`: {detail} (are e2fsprogs and loop devices available?)")
 
 
+def _image_dir(upper: Path, lowers: list[Path], name: str, default_mode: int) -> bool:
+    """Makes `upper/name` for a fresh sandbox with the image's owner and mode for that
+    directory (an upper directory's attributes win in the merged view), or `default_mode` when
+    the image has none. False, making nothing, when the image's entry is not a directory."""
+    img = next((p / name for p in lowers if os.path.lexists(p / name)), None)
+    if img is not None and (img.is_symlink() or not img.is_dir()):
+        return False
+    (upper / name).mkdir(mode=default_mode)
+    st = img.stat() if img is not None else None
+    if st is not None:
+        os.chown(upper / name, st.st_uid, st.st_gid)
+    os.chmod(upper / name, (st.st_mode if st is not None else default_mode) & 0o7777)
+    return True
+
+
+def write_hostname(upper: Path, lowers: list[Path], name: str) -> None:
+    """Puts /etc/hostname (`name`) in a fresh sandbox's upper directory. Skipped when the
+    image's /etc is not a directory."""
+    if _image_dir(upper, lowers, "etc", 0o755):
+        (upper / "etc" / "hostname").write_text(name + "\n")
+
+
+# gVisor mounts a tmpfs of its own over an empty /tmp, sized at half the host's memory and
+# charged to the sandbox's memory limit (filling it ended the sandbox as `oom`). A file in /tmp
+# keeps /tmp on the disk-capped writable layer instead; the agent removes it at start.
+TMP_MARKER = ".rollbox-tmp-on-disk"
+
+
+def keep_tmp_on_disk(upper: Path, lowers: list[Path]) -> bool:
+    """Puts the marker in a fresh sandbox's /tmp (mode 1777 when the image has none); False
+    when the image's /tmp is not a directory (a symlink, say): /tmp then needs a bounded tmpfs."""
+    if not _image_dir(upper, lowers, "tmp", 0o1777):
+        return False
+    (upper / "tmp" / TMP_MARKER).touch(mode=0o600)
+    return True
+
+
 def is_mounted(target: Path) -> bool:
     t = str(target)
     with open("/proc/self/mounts") as f:

@@ -258,7 +258,8 @@ class SandboxPool:
                              tags={"rollbox.pool": self.pool_id}).create_from_memory_snapshot(self.snapshot_id)
         except errors.RollboxError as e:
             self._slots.release()
-            if isinstance(e, (errors.SnapshotNotFound, errors.InvalidArgument, errors.UnsupportedOperation)):
+            if isinstance(e, (errors.SnapshotNotFound, errors.InvalidArgument, errors.UnsupportedOperation,
+                              errors.VolumeBusy)):
                 raise
             return "infra_error", None, f"{type(e).__name__}: {e}", None, None, True
         except BaseException:

@@ -44,7 +44,9 @@ class Sandbox:
             sandbox (the backstop for leaked sandboxes); None or <= 0 keeps it forever. There
             is no cap on a sandbox's lifetime while it is used.
         env: environment variables for every command.
-        volumes: `Volume(name=..., mount_path=...)` list, mounted read-write (created on first use).
+        volumes: `Volume(name=..., mount_path=..., read_only=False)` list (created on first use).
+            A read-write mount beside another sandbox's read-write mount of the same volume is
+            refused with VolumeBusy when either is gVisor (see `Volume`).
         tags: labels recorded with the sandbox's usage (`rollbox usage` sums per tag).
         ports: TCP ports in the sandbox to expose on the host at once (`list_urls()` gives
             their URLs; `expose_port()` adds more later).
@@ -66,6 +68,15 @@ class Sandbox:
             fails with ENOSPC inside the sandbox. The layer is a sparse, loop-mounted ext4 file
             of that size under ROLLBOX_HOME (this host kernel has no filesystem quotas): it uses
             host disk only for what is written. None: no cap, files go to the host disk.
+            /tmp, /run, /var/tmp and the home directory are on that layer too; /dev/shm is a
+            memory-backed tmpfs of a quarter of `memory` (writing past either bound fails
+            with ENOSPC, and the sandbox lives on).
+        pids: the most processes and threads the sandbox may hold at once (default 512, in
+            [16, 4096]), its init agent's ~7 tasks included: a fork past it fails with
+            EAGAIN inside, and a fork bomb's exec reports `pids_limited=True`. The host counts
+            them too: the sandbox's host cgroup allows 3 * pids + 64 tasks on systrap (which
+            keeps a host process per address space inside: ~2.2 per task, measured), pids
+            on runc.
 
         gpu: None, "any" or a model ("H100", "A100", ...): `gpu_count` NVIDIA GPUs through
             gVisor's nvproxy. On a machine without a matching GPU, create() raises
@@ -99,13 +110,14 @@ class Sandbox:
     docker_enabled: bool = False
     disk: int | None = 4096
     runtime: str = "gvisor"
+    pids: int = 512
     client: Client | None = field(default=None, compare=False, repr=False)
 
     def _client(self) -> Client:
         return self.client or default_client()
 
     def _check_types(self) -> None:
-        for name, kinds in (("cpu", (int, float)), ("memory", (int,))):
+        for name, kinds in (("cpu", (int, float)), ("memory", (int,)), ("pids", (int,))):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, kinds):
                 raise errors.InvalidArgument(f"{name}={v!r} must be a number ({' or '.join(k.__name__ for k in kinds)})")
@@ -131,7 +143,7 @@ class Sandbox:
             "tags": self.tags, "ports": list(self.ports), "block_network": self.block_network,
             "allow_list": None if self.allow_list is None else list(self.allow_list),
             "entrypoint": self.entrypoint, "gpu": self.gpu, "gpu_count": self.gpu_count,
-            "docker_enabled": self.docker_enabled, "disk": self.disk, "runtime": self.runtime}))
+            "docker_enabled": self.docker_enabled, "disk": self.disk, "runtime": self.runtime, "pids": self.pids}))
         return SandboxInstance(info.sandbox_id, c, info)
 
     @synchronized

@@ -1,4 +1,4 @@
-"""Volume: a named persistent directory shared read-write by every sandbox that mounts it.
+"""Volume: a named persistent directory that sandboxes mount, read-write or read-only.
 
     vol = Volume(name="trajectories", mount_path="/data")
     sb = Sandbox(volumes=[vol]).create()          # created on first use
@@ -26,6 +26,11 @@ class Volume:
     Args:
         name: 1-63 characters of [a-z0-9._-]; the volume is created on first use.
         mount_path: absolute path inside the sandbox (e.g. "/data"); not "/", /proc, /dev, /sys.
+        read_only: mount it read-only. A read-write mount is refused with VolumeBusy while
+            another sandbox mounts the volume read-write and either of them is gVisor: gVisor
+            cannot keep concurrent writes to one file intact (two sandboxes appending to one
+            file overwrite each other's lines), so a volume has one gVisor writer at a time,
+            beside any number of read-only mounts; runc sandboxes may share a read-write mount.
 
     Host-side methods take paths relative to the volume root ("/ep0.txt" = <mount_path>/ep0.txt)
     and never leave the volume (`..` and symlinks raise InvalidArgument).
@@ -36,6 +41,7 @@ class Volume:
 
     name: str
     mount_path: str = "/data"
+    read_only: bool = False
     client: Client | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -44,8 +50,8 @@ class Volume:
     def _c(self) -> Client:
         return self.client or default_client()
 
-    def to_wire(self) -> dict[str, str]:
-        return {"name": self.name, "mount_path": self.mount_path}
+    def to_wire(self) -> dict[str, Any]:
+        return {"name": self.name, "mount_path": self.mount_path, "read_only": self.read_only}
 
     def _call(self, op: str, body: dict[str, Any]) -> Any:
         return self._c().request("POST", f"/volumes/{self.name}/files/{op}", json=body)

@@ -30,6 +30,8 @@ log = logging.getLogger("rollbox.api")
 class VolumeMount(BaseModel):
     name: str = Field(description="volume name, created on first use")
     mount_path: str = Field(description="absolute path in the sandbox, e.g. /data")
+    read_only: StrictBool = Field(False, description="mount it read-only; a read-write mount is refused "
+                                  "(volume_busy) beside another read-write one when either sandbox is gVisor")
 
 
 class CreateSandbox(BaseModel):
@@ -54,6 +56,8 @@ class CreateSandbox(BaseModel):
                                    "with ENOSPC inside); null: no cap")
     runtime: StrictStr = Field("gvisor", description="'gvisor' (default) or 'runc' (weaker isolation: the host "
                                "kernel, namespaces + seccomp; no memory snapshots)")
+    pids: StrictInt = Field(512, description="the most processes and threads the sandbox may hold at once; a fork "
+                            "past it fails with EAGAIN inside")
 
 
 class BuildImage(BaseModel):
@@ -211,7 +215,7 @@ def create_app(service: SandboxService) -> FastAPI:
                                     volumes=[v.model_dump() for v in body.volumes], tags=body.tags,
                                     ports=body.ports, block_network=body.block_network, allow_list=body.allow_list,
                                     entrypoint=body.entrypoint, gpu=body.gpu, gpu_count=body.gpu_count,
-                                    disk_mib=body.disk,
+                                    disk_mib=body.disk, pids=body.pids,
                                     docker_enabled=body.docker_enabled, runtime=body.runtime)
         return asdict(info)
 

@@ -104,7 +104,7 @@ class Checkpoints:
             ctx.snapshots.write_meta(SnapshotMeta(sid, sandbox_id, lv.image_id, lv.cpu, lv.memory_mib, lv.env,
                                                   time.time(), internal, lv.volumes, kind, lv.key.hex(),
                                                   lv.net.to_wire() if lv.net else None, lv.disk_mib,
-                                                  lv.platform, agent_pinned=True))
+                                                  lv.platform, agent_pinned=True, pids=lv.pids, tmpfs=lv.tmpfs))
             ctx.store.insert_snapshot(sid, sandbox_id, lv.image_id, internal, kind,
                                       None if ttl_s is None else time.time() + ttl_s)
         except BaseException:
@@ -151,9 +151,12 @@ class Checkpoints:
 
         Raises:
             InvalidArgument: count outside 1..1024.
+            VolumeBusy: the sandbox writes a volume, which its copies would all write beside it.
         """
         if count < 1 or count > 1024:
             raise errors.InvalidArgument(f"fork count={count} must be between 1 and 1024")
+        # Every copy mounts what the source does, beside it: refuse before capturing anything.
+        self.reg.mounts.check(None, "gvisor", (await self.running(sandbox_id)).volumes)
         sid = await self.snapshot_memory(sandbox_id, internal=True)
         try:
             results = await asyncio.gather(

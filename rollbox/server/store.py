@@ -77,6 +77,7 @@ MIGRATIONS = [
     ("sandboxes", "urls", "TEXT NOT NULL DEFAULT '{}'"),
     ("sandboxes", "host_ports", "TEXT NOT NULL DEFAULT '{}'"),
     ("sandboxes", "runtime", "TEXT NOT NULL DEFAULT 'gvisor'"),
+    ("sandboxes", "pids", "INTEGER"),
 ]
 
 __all__ = ["LIVE_STATES", "Store"]

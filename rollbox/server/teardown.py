@@ -160,6 +160,7 @@ class Teardown:
         await asyncio.to_thread(unmount, d / "disk")
         await self._remove_cgroup(cid)
         await asyncio.to_thread(remove_tree, d)
+        self.reg.mounts.release(sandbox_id)  # its processes are gone: nothing of it writes any more
 
     async def _remove_cgroup(self, cid: str) -> None:
         # rmdir answers EBUSY while a killed process of the sandbox is still exiting or

@@ -56,7 +56,12 @@ class WarmPools:
 
     def set(self, snapshot_id: str, count: int, idle_seconds: float = 300.0) -> dict[str, object]:
         """Sets the pool's size (0 removes it and terminates its spares)."""
-        self.svc.snapshots.meta(snapshot_id)
+        meta = self.svc.snapshots.meta(snapshot_id)
+        rw = [v["name"] for v in meta.volumes if not v.get("read_only")]
+        if count and rw:
+            raise errors.VolumeBusy(f"snapshot {snapshot_id} mounts volume {rw[0]!r} read-write: its spares and the "
+                                    "sandboxes handed out would all write it at once, which gVisor cannot keep intact; "
+                                    "snapshot a sandbox that mounts it with read_only=True")
         if not 0 <= count <= MAX_SPARES:
             raise errors.InvalidArgument(f"warm count={count} must be between 0 and {MAX_SPARES}")
         if not idle_seconds > 0:

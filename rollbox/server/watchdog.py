@@ -11,6 +11,7 @@ import time
 from .. import errors
 from ..network.policy import NetworkSpec
 from ..runtime import cgroups
+from ..runtime.bundle import DEFAULT_PIDS
 from ..runtime.channel import AgentChannel
 from .registry import Live
 from .service import SandboxService
@@ -85,7 +86,8 @@ async def recover(svc: SandboxService) -> dict[str, int]:
             lv = Live(sid, ch, row["image_id"], row["cpu"], row["memory_mib"], dict(saved.get("env") or {}),
                       row["keep_warm_seconds"], volumes=json.loads(row["volumes"] or "[]"), key=key,
                       runtime=row["runtime"], workdir=saved.get("workdir"), user=saved.get("user"),
-                      disk_mib=saved.get("disk_mib"), platform=str(saved.get("platform") or ""))
+                      disk_mib=saved.get("disk_mib"), platform=str(saved.get("platform") or ""),
+                      pids=int(saved.get("pids") or DEFAULT_PIDS), tmpfs=dict(saved.get("tmpfs") or {}))
             # Idle time while the daemon was down counts towards keep_warm_seconds.
             lv.last_active = time.monotonic() - max(0.0, time.time() - row["last_active_at"])
             if row["net_slot"] is not None:

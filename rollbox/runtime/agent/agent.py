@@ -104,8 +104,9 @@ MAX_FRAME = 1024 * 1024 * 1024
 # counts every task of the sandbox, threads included; a bomb's tree, seen while it churns, was
 # well under the limit itself).
 _NPROC = resource.getrlimit(resource.RLIMIT_NPROC)[0]
-PIDS_REPORT_AT = max(16, _NPROC // 2) if _NPROC != resource.RLIM_INFINITY else 1 << 30
+PIDS_REPORT_AT = max(4, _NPROC // 2) if _NPROC != resource.RLIM_INFINITY else 1 << 30
 KEY_FILE = "/.rollbox-key"
+TMP_MARKER = "/tmp/.rollbox-tmp-on-disk"  # keeps gVisor's tmpfs off /tmp (runtime/rootfs.py); gone at start
 
 
 try:
@@ -196,16 +197,15 @@ def marked_pids(mark):
 
 def kill_tree(pid, mark):
     """SIGKILL the exec's process group and every process carrying its mark, until none is
-    left. Returns how many processes the exec had when the kill began."""
-    first = None
+    left. Returns how many processes the exec had when the kill began: counted before the
+    first signal (a killed process's environ is gone at once)."""
+    first = len(marked_pids(mark))
     for _ in range(50):
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
         pids = marked_pids(mark)
-        if first is None:
-            first = len(pids)
         for p in pids:
             try:
                 os.kill(p, signal.SIGKILL)
@@ -214,7 +214,7 @@ def kill_tree(pid, mark):
         if not pids:
             break
         time.sleep(0.02)
-    return first or 0
+    return first
 
 
 def exit_code_of(status):
@@ -614,6 +614,10 @@ def main():
                 signal.SIGALRM):
         signal.signal(sig, _ignore)
     load_key()
+    try:
+        os.unlink(TMP_MARKER)
+    except OSError:
+        pass
     # Before CAP_SYS_ADMIN leaves the bounding set: the launcher of the episode-container
     # zygote keeps it (containers need mount and clone namespaces); no command ever has it.
     zygote = ZygoteLink()
