@@ -32,6 +32,9 @@ class VolumeMount(BaseModel):
     mount_path: str = Field(description="absolute path in the sandbox, e.g. /data")
     read_only: StrictBool = Field(False, description="mount it read-only; a read-write mount is refused "
                                   "(volume_busy) beside another read-write one when either sandbox is gVisor")
+    shared_writes: StrictBool = Field(False, description="share it read-write with other shared_writes mounts "
+                                      "(gVisor cannot keep concurrent writes to ONE file intact: each writer "
+                                      "should write its own files)")
 
 
 class CreateSandbox(BaseModel):

@@ -70,7 +70,8 @@ class Creator:
             if mp in seen:
                 raise errors.InvalidArgument(f"two volumes are mounted at {mp}; give each its own mount_path")
             seen.add(mp)
-            vols.append({"name": check_name(v.get("name", "")), "mount_path": mp, "read_only": bool(v.get("read_only"))})
+            vols.append({"name": check_name(v.get("name", "")), "mount_path": mp, "read_only": bool(v.get("read_only")),
+                         "shared_writes": bool(v.get("shared_writes"))})
         info = await self.booter.boot(sandbox_id=new_sandbox_id(), image_id=image_id, cpu=cpu, memory_mib=memory_mib,
                                       env=env, keep_warm_seconds=keep_warm_seconds, volumes=vols, tags=tags, net=net,
                                       gpus=gpus, privileged=docker_enabled, disk_mib=disk_mib, runtime=runtime,

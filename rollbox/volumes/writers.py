@@ -14,7 +14,10 @@ No runsc flag or mount annotation changes that, so rollbox does not offer the mo
 - a volume mounted read-write in a gVisor sandbox has no other read-write mount at the same
   time, in any sandbox (runc's included);
 - runc sandboxes may share a read-write mount among themselves;
-- read-only mounts (`Volume(..., read_only=True)`) go anywhere, beside any writer.
+- read-only mounts (`Volume(..., read_only=True)`) go anywhere, beside any writer;
+- `Volume(..., shared_writes=True)` mounts waive the guarantee: any number of them share the
+  volume read-write (a fleet writing one file per episode is safe; two writers of one file are
+  not), never beside a plain read-write mount of it.
 
 A claim lasts from the start of a sandbox's boot to the end of its teardown (a paused sandbox
 holds none; its resume claims again). Not thread-safe: the daemon's event loop owns it.
@@ -27,10 +30,22 @@ from collections.abc import Iterable, Mapping
 from ..errors import VolumeBusy
 
 
+def mount_mode(v: Mapping[str, object]) -> str:
+    """"ro", "shared" (read-write, guarantee waived) or "rw" (read-write, the only writer)."""
+    if v.get("read_only"):
+        return "ro"
+    return "shared" if v.get("shared_writes") else "rw"
+
+
+def exclusive_writes(volumes: Iterable[Mapping[str, object]]) -> list[str]:
+    """Names of the volumes in `volumes` mounted read-write without shared_writes."""
+    return [str(v["name"]) for v in volumes if mount_mode(v) == "rw"]
+
+
 class MountRegistry:
     def __init__(self) -> None:
-        # sandbox id -> (runtime, {volume name: read_only})
-        self._mounts: dict[str, tuple[str, dict[str, bool]]] = {}
+        # sandbox id -> (runtime, {volume name: "ro" | "rw" | "shared"})
+        self._mounts: dict[str, tuple[str, dict[str, str]]] = {}
 
     def check(self, sandbox_id: str | None, runtime: str, volumes: Iterable[Mapping[str, object]]) -> None:
         """Refuses what `claim` refuses, recording nothing (sandbox_id None: a sandbox to come,
@@ -42,16 +57,21 @@ class MountRegistry:
         """
         for v in volumes:
             name = str(v["name"])
-            if v.get("read_only"):
+            mode = mount_mode(v)
+            if mode == "ro":
                 continue
             for other, (other_rt, theirs) in self._mounts.items():
-                if other != sandbox_id and theirs.get(name) is False and "gvisor" in (runtime, other_rt):
+                their_mode = theirs.get(name, "ro")
+                if their_mode == "ro" or (mode == their_mode == "shared"):
+                    continue
+                if other != sandbox_id and "gvisor" in (runtime, other_rt):
                     raise VolumeBusy(
                         f"volume {name!r} is mounted read-write by sandbox {other} ({other_rt}); a second read-write "
                         f"mount beside a gVisor one could lose data: gVisor cannot keep concurrent writes to one file "
                         f"intact (appends overwrite each other). Mount it with read_only=True here, write from one "
-                        f"sandbox at a time (or with vol.write_file from the host), or use runtime='runc' for every "
-                        f"writer", sandbox_id=sandbox_id)
+                        f"sandbox at a time (or with vol.write_file from the host), use runtime='runc' for every "
+                        f"writer, or mount it with shared_writes=True in every writer if each writes its own files",
+                        sandbox_id=sandbox_id)
 
     def claim(self, sandbox_id: str, runtime: str, volumes: Iterable[Mapping[str, object]], *,
               check: bool = True) -> None:
@@ -65,7 +85,7 @@ class MountRegistry:
         if check:
             self.check(sandbox_id, runtime, volumes)
         if volumes:
-            self._mounts[sandbox_id] = (runtime, {str(v["name"]): bool(v.get("read_only")) for v in volumes})
+            self._mounts[sandbox_id] = (runtime, {str(v["name"]): mount_mode(v) for v in volumes})
 
     def release(self, sandbox_id: str) -> None:
         self._mounts.pop(sandbox_id, None)

@@ -134,3 +134,25 @@ def test_snapshot_of_a_writer_restores_once_and_has_no_warm_pool_gh19(name) -> N
     finally:
         src.terminate()
         default_client().request("DELETE", f"/snapshots/{snap}")
+
+
+def test_shared_writes_fleet_writes_one_file_each_from_a_pool(name) -> None:
+    # The waiver: a fleet (a pool over a snapshot, its warm spares included) whose episodes
+    # each write their own file may all mount the volume read-write; nothing is lost.
+    vol = Volume(name, "/data", shared_writes=True)
+    src = Sandbox(memory=256, volumes=[vol]).create()
+    snap = src.snapshot_memory()
+    try:
+        def episode(sb, i: int) -> int:  # type: ignore[no-untyped-def]
+            return sb.exec("sh", "-c", f"seq 200 > /data/ep{i}.txt && echo {i}").exit_code or 0
+
+        with rollbox.SandboxPool(snap, max_concurrency=3, warm=2) as pool:
+            results = list(pool.map(episode, range(6)))
+        assert [r.status for r in results] == ["ok"] * 6
+        for i in range(6):
+            assert vol.read_file(f"/ep{i}.txt") == "".join(f"{n}\n" for n in range(1, 201)).encode()
+        with pytest.raises(rollbox.VolumeBusy, match="shared_writes"):
+            Sandbox(memory=256, volumes=[Volume(name, "/data")]).create()  # a plain writer beside them
+    finally:
+        src.terminate()
+        default_client().request("DELETE", f"/snapshots/{snap}")

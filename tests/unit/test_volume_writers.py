@@ -58,3 +58,27 @@ def test_recovery_records_without_refusing() -> None:
     reg.claim("sb-a", "gvisor", RW)
     reg.claim("sb-b", "gvisor", RW, check=False)
     assert sorted(reg.users("v")) == ["sb-a", "sb-b"]
+
+
+SHARED = [{"name": "v", "mount_path": "/data", "shared_writes": True}]
+
+
+def test_shared_writes_mounts_share_but_never_beside_an_exclusive_writer() -> None:
+    reg = MountRegistry()
+    for i in range(8):
+        reg.claim(f"sb-{i}", "gvisor", SHARED)  # a fleet writing one file per episode
+    reg.check(None, "gvisor", SHARED)  # its forks and spares too
+    with pytest.raises(errors.VolumeBusy, match="shared_writes=True"):
+        reg.claim("sb-x", "gvisor", RW)  # a writer that was promised it writes alone
+    reg2 = MountRegistry()
+    reg2.claim("sb-w", "gvisor", RW)
+    with pytest.raises(errors.VolumeBusy):
+        reg2.claim("sb-s", "gvisor", SHARED)
+    reg2.claim("sb-r", "gvisor", RO)
+
+
+def test_sdk_volume_sends_shared_writes_and_refuses_contradiction() -> None:
+    from rollbox.sdk.volume import Volume
+    assert Volume(name="v", shared_writes=True).to_wire()["shared_writes"] is True
+    with pytest.raises(errors.InvalidArgument, match="contradict"):
+        Volume(name="v", read_only=True, shared_writes=True)
