@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import time
 from dataclasses import asdict
 import json
 from typing import Any, Callable
@@ -159,14 +160,22 @@ class TypedServerErrors:
             await self.app(scope, receive, send)
             return
         started = False
+        status = 0
+        t0 = time.monotonic()
 
         async def tracking_send(message: dict[str, Any]) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
+            nonlocal started, status
+            if message["type"] == "http.response.start":
+                started, status = True, int(message.get("status", 0))
             await send(message)
 
         try:
             await self.app(scope, receive, tracking_send)
+            if log.isEnabledFor(logging.DEBUG):
+                # Method, path and status only: bodies (exec argv and environments, file
+                # contents, stdin) are never logged at any level.
+                log.debug("%s %s -> %d in %.1f ms", scope.get("method"), scope.get("path"), status,
+                          (time.monotonic() - t0) * 1000)
         except (Exception, asyncio.CancelledError) as exc:
             what = f"{scope.get('method')} {scope.get('path')}"
             if isinstance(exc, asyncio.CancelledError) or self.stopping():

@@ -21,7 +21,7 @@ from typing import IO, Callable
 import uvicorn
 
 from ..config import Paths
-from ..errors import RollboxError
+from ..errors import InvalidArgument, RollboxError
 from ..runtime.reaper import become_subreaper
 from ..runtime.runsc import Runsc, platform_from_env
 from .app import create_app
@@ -131,6 +131,23 @@ async def serve_async(paths: Paths, listen: str | None = None) -> None:
         lock.close()
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def log_level() -> int:
+    """The daemon's log level from ROLLBOX_LOG_LEVEL (debug, info (default), warning, error).
+    `debug` adds one line per request (method, path, status, time) and per exec (program name
+    and counts); request bodies, exec arguments and environments are never logged.
+
+    Raises:
+        InvalidArgument: another value.
+    """
+    name = os.environ.get("ROLLBOX_LOG_LEVEL", "info").strip().lower() or "info"
+    if name not in LOG_LEVELS:
+        raise InvalidArgument(f"ROLLBOX_LOG_LEVEL={name!r} must be one of {', '.join(LOG_LEVELS)}")
+    return int(getattr(logging, name.upper()))
+
+
 def serve(paths: Paths | None = None, listen: str | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=log_level(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     asyncio.run(serve_async(paths or Paths.from_env(), listen or os.environ.get("ROLLBOX_LISTEN") or None))

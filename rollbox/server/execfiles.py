@@ -4,6 +4,7 @@ out-of-memory reporting of each runtime) and the file operations."""
 from __future__ import annotations
 
 import base64
+import logging
 import time
 from typing import Any
 
@@ -33,6 +34,9 @@ def container_op(op: str, container: str | None) -> tuple[str, dict[str, str]]:
     """The agent op and extra fields of `op` sent to the sandbox itself (container None) or to
     one of its episode containers (server/episodes.py)."""
     return (op, {}) if container is None else (f"container_{op}", {"cid": container})
+
+
+log = logging.getLogger("rollbox.exec")
 
 
 class ExecFiles:
@@ -68,6 +72,9 @@ class ExecFiles:
         if timeout is not None and timeout <= 0:
             raise errors.InvalidArgument(f"timeout={timeout} must be a positive number of seconds, or None for no limit")
         lv = await self.running(sandbox_id)
+        # The program's name and counts only: arguments and environment values may hold secrets.
+        log.debug("exec in %s%s: %s (+%d arguments, %d environment variables, not logged)", sandbox_id,
+                  f"/{container}" if container else "", argv[0], len(argv) - 1, len(env or {}))
         cg = self.ctx.cg
         started = time.monotonic()
         cid = container_id(sandbox_id)

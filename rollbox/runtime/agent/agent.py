@@ -485,6 +485,8 @@ def op_identity(req):
     _identity["env"] = dict(req.get("env") or {})
     seed = req.get("entropy")
     if seed:
+        _run_restore_hook()
+    if seed:
         try:
             # Mixing fresh host entropy in; gVisor's getrandom already reads host entropy.
             with open("/dev/urandom", "wb") as f:
@@ -504,6 +506,22 @@ def op_identity(req):
             except OSError:
                 pass
     return {}
+
+
+# The opt-in reseed hook (the Rust agent's RESTORE_HOOK says why): every restored copy runs
+# it once, detached, with its identity and a fresh ROLLBOX_SEED in the environment.
+RESTORE_HOOK = "/etc/rollbox/restore-hook"
+
+
+def _run_restore_hook():
+    if not os.path.isfile(RESTORE_HOOK):
+        return
+    env = {**os.environ, **_identity["env"], "ROLLBOX_SEED": os.urandom(16).hex()}
+    try:
+        subprocess.Popen([RESTORE_HOOK], env=env, cwd="/", stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        pass
 
 
 def op_ping(req):
