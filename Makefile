@@ -55,10 +55,10 @@ doctor: $(STAMPS)/venv
 lint-imports: $(STAMPS)/venv
 	$(VENV)/bin/lint-imports --no-cache
 
-test: setup lint-imports
+test: setup lint-imports typecheck
 	$(VENV)/bin/python -m pytest tests -q
 
-test-unit: venv lint-imports
+test-unit: venv lint-imports typecheck
 	$(VENV)/bin/python -m pytest tests/unit -q
 	CARGO_TARGET_DIR=$(CURDIR)/build/agent-target cargo test --quiet --offline --manifest-path $(AGENT_SRC)/Cargo.toml || ! command -v cargo >/dev/null
 
@@ -83,6 +83,6 @@ soak: setup
 gpu-check:
 	bash bench/gpu_check.sh
 
+# mypy --strict on rollbox/ (pyproject.toml [tool.mypy]; the in-sandbox scripts less strictly).
 typecheck: $(STAMPS)/venv
-	$(VENV)/bin/pip install -q mypy >/dev/null
-	$(VENV)/bin/mypy rollbox --ignore-missing-imports
+	$(VENV)/bin/mypy rollbox

@@ -413,7 +413,7 @@ class SandboxPool:
                                          "or pool.submit(task, fn=run_episode)")
         if retries < 0:
             raise errors.InvalidArgument(f"retries={retries} must be >= 0")
-        if self._reaper._shutdown:  # type: ignore[attr-defined]
+        if self._reaper._shutdown:
             raise errors.InvalidState("this SandboxPool is closed; make a new one")
         if self._stream is None:
             self._stream = _Stream(self)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import errors
-from ..client.default import default_client
+from ..client.default import default_client as default_client  # re-exported for SDK modules
 from ..client.transport import Client
 from ..types import ExecResult, FileEntry, SandboxInfo
 from ._aio import synchronized
@@ -254,13 +254,16 @@ class SandboxDocker:
 
     def run(self, image: str, *cmd: str, args: list[str] | None = None, timeout: float | None = None) -> ExecResult:
         """`docker run --rm --network=host [args] IMAGE CMD...` inside the sandbox."""
-        return self._sb.exec("docker", "run", "--rm", "--network=host", *(args or []), image, *cmd, timeout=timeout)
+        res: ExecResult = self._sb.exec("docker", "run", "--rm", "--network=host", *(args or []), image, *cmd,
+                                        timeout=timeout)
+        return res
 
     def load(self, archive: bytes) -> ExecResult:
         """`docker load` of an image archive (what `docker save` writes)."""
         path = "/tmp/.rollbox-docker-load.tar"
         self._sb.fs.write_file(path, archive)
-        return self._sb.exec("docker", "load", "-i", path, timeout=600)
+        res: ExecResult = self._sb.exec("docker", "load", "-i", path, timeout=600)
+        return res
 
 
 class SandboxInstance:
