@@ -43,6 +43,12 @@ class Sandbox:
         keep_warm_seconds: seconds without any API call after which the daemon terminates the
             sandbox (the backstop for leaked sandboxes); None or <= 0 keeps it forever. There
             is no cap on a sandbox's lifetime while it is used.
+        auto_pause_seconds: idle seconds (no API call, no command running, under 0.15 of a
+            core of CPU) after which the daemon pauses the sandbox to disk, so idle sandboxes
+            cost no CPU; the next call on it resumes it transparently (same id, files, memory
+            and processes; that call waits ~0.3-1 s for the restore). None: the daemon's
+            ROLLBOX_AUTO_PAUSE_SECONDS (unset: never); 0: never. Not applied to runc, GPU or
+            port-exposing sandboxes. keep_warm_seconds still ends it, paused or not.
         env: environment variables for every command.
         volumes: `Volume(name=..., mount_path=..., read_only=False)` list (created on first use).
             A read-write mount beside another sandbox's read-write mount of the same volume is
@@ -98,6 +104,7 @@ class Sandbox:
     cpu: float = 1.0
     memory: int = 1024
     keep_warm_seconds: float | None = 600
+    auto_pause_seconds: float | None = None
     env: dict[str, str] = field(default_factory=dict)
     volumes: list[Volume] = field(default_factory=list)
     tags: dict[str, str] = field(default_factory=dict)
@@ -143,7 +150,8 @@ class Sandbox:
             "tags": self.tags, "ports": list(self.ports), "block_network": self.block_network,
             "allow_list": None if self.allow_list is None else list(self.allow_list),
             "entrypoint": self.entrypoint, "gpu": self.gpu, "gpu_count": self.gpu_count,
-            "docker_enabled": self.docker_enabled, "disk": self.disk, "runtime": self.runtime, "pids": self.pids}))
+            "docker_enabled": self.docker_enabled, "disk": self.disk, "runtime": self.runtime, "pids": self.pids,
+            "auto_pause_seconds": self.auto_pause_seconds}))
         return SandboxInstance(info.sandbox_id, c, info)
 
     @synchronized
@@ -156,7 +164,8 @@ class Sandbox:
         check_id(snapshot_id, errors.SnapshotNotFound, "snapshot")
         c = self._client()
         info = _info(c.request("POST", f"/snapshots/{snapshot_id}/restore",
-                               json={"keep_warm_seconds": self.keep_warm_seconds, "tags": self.tags}))
+                               json={"keep_warm_seconds": self.keep_warm_seconds, "tags": self.tags,
+                                     "auto_pause_seconds": self.auto_pause_seconds}))
         return SandboxInstance(info.sandbox_id, c, info)
 
     @synchronized

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
 from .. import errors
 from ..version import __version__
+from . import autopause
 from .episode_routes import add_episode_routes
 from .leases import Leases, add_lease_routes
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -36,6 +37,10 @@ class VolumeMount(BaseModel):
     shared_writes: StrictBool = Field(False, description="share it read-write with other shared_writes mounts "
                                       "(gVisor cannot keep concurrent writes to ONE file intact: each writer "
                                       "should write its own files)")
+
+
+AUTO_PAUSE_DOC = ("idle seconds (no call, no command, little CPU) before the sandbox is paused to disk; the next "
+                  "call resumes it. null: the daemon's ROLLBOX_AUTO_PAUSE_SECONDS (unset: never); 0: never")
 
 
 class CreateSandbox(BaseModel):
@@ -62,6 +67,7 @@ class CreateSandbox(BaseModel):
                                "kernel, namespaces + seccomp; no memory snapshots)")
     pids: StrictInt = Field(512, description="the most processes and threads the sandbox may hold at once; a fork "
                             "past it fails with EAGAIN inside")
+    auto_pause_seconds: float | None = Field(None, allow_inf_nan=False, description=AUTO_PAUSE_DOC)
 
 
 class BuildImage(BaseModel):
@@ -83,6 +89,7 @@ class NetworkPermissions(BaseModel):
 class RestoreSnapshot(BaseModel):
     keep_warm_seconds: float | None = Field(600, allow_inf_nan=False)
     tags: dict[str, str] = Field(default_factory=dict)
+    auto_pause_seconds: float | None = Field(None, allow_inf_nan=False, description=AUTO_PAUSE_DOC)
 
 
 class SnapshotRequest(BaseModel):
@@ -222,6 +229,7 @@ def create_app(service: SandboxService) -> FastAPI:
     async def create(body: CreateSandbox) -> dict[str, Any]:
         if body.image_id == "im-debian-bookworm":
             await asyncio.to_thread(service.images.ensure_debian)
+        auto_pause = autopause.resolve(body.auto_pause_seconds)
         info = await service.create(image_id=body.image_id, cpu=body.cpu, memory_mib=body.memory, env=body.env,
                                     keep_warm_seconds=body.keep_warm_seconds,
                                     volumes=[v.model_dump() for v in body.volumes], tags=body.tags,
@@ -229,6 +237,8 @@ def create_app(service: SandboxService) -> FastAPI:
                                     entrypoint=body.entrypoint, gpu=body.gpu, gpu_count=body.gpu_count,
                                     disk_mib=body.disk, pids=body.pids,
                                     docker_enabled=body.docker_enabled, runtime=body.runtime)
+        if auto_pause is not None:
+            service.autopause.arm(info.sandbox_id, auto_pause)
         return asdict(info)
 
     @app.post("/sandboxes/{sandbox_id}/ports")
@@ -311,7 +321,11 @@ def create_app(service: SandboxService) -> FastAPI:
 
     @app.post("/snapshots/{snapshot_id}/restore")
     async def restore(snapshot_id: str, body: RestoreSnapshot) -> dict[str, Any]:
-        return asdict(await service.acquire(snapshot_id, keep_warm_seconds=body.keep_warm_seconds, tags=body.tags))
+        auto_pause = autopause.resolve(body.auto_pause_seconds)
+        info = await service.acquire(snapshot_id, keep_warm_seconds=body.keep_warm_seconds, tags=body.tags)
+        if auto_pause is not None:
+            service.autopause.arm(info.sandbox_id, auto_pause)
+        return asdict(info)
 
     @app.put("/snapshots/{snapshot_id}/warm")
     async def set_warm(snapshot_id: str, body: WarmRequest) -> dict[str, Any]:

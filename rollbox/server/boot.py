@@ -217,6 +217,8 @@ class Booter:
         now = time.time()
         net_cols = self.networking.net_columns(sandbox_id, net)
         if resume:
+            row = ctx.store.get_row(sandbox_id)
+            lv.auto_pause_seconds = row["auto_pause_seconds"] if row is not None else None
             ctx.store.update_sandbox(sandbox_id, state=SandboxState.RUNNING, paused_snapshot_id=None, **net_cols)
             ctx.store.open_interval(sandbox_id, now, boot_s=ttfc_ms / 1000)
         else:

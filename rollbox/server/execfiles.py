@@ -116,12 +116,16 @@ class ExecFiles:
         """One agent operation (in episode container `container` when given); the agent's error
         kinds become the matching typed errors."""
         lv = await self.running(sandbox_id)
+        lv.busy += 1  # in flight: neither idle for auto-pause nor pausable
         try:
             wire_op, extra = container_op(op, container)
             return await self.deathwatch.request(lv, wire_op, 120.0, **extra, **fields)
         except AgentError as e:
             cls = AGENT_ERRORS.get(e.kind, errors.RollboxError)
             raise cls(f"{op} in sandbox {sandbox_id}: {e.message}", sandbox_id=sandbox_id) from None
+        finally:
+            lv.busy -= 1
+            lv.last_active = time.monotonic()
 
     async def write_file(self, sandbox_id: str, path: str, data_b64: str, mode: int = 0o644,
                          container: str | None = None) -> dict[str, Any]:

@@ -48,6 +48,11 @@ class Live:
     disk_mib: int | None = None
     runtime: str = "gvisor"
     platform: str = ""  # gVisor platform it runs on (its checkpoints restore only there)
+    # Auto-pause (server/autopause.py): idle seconds before it is paused (None: never), the
+    # last CPU reading (monotonic s, CPU s) and when it last computed or ran a command.
+    auto_pause_seconds: float | None = None
+    cpu_probe: tuple[float, float] | None = None
+    last_busy: float = 0.0
     pids: int = DEFAULT_PIDS
     tmpfs: dict[str, int] = field(default_factory=dict)  # its bounded memory-backed mounts {path: MiB}
 

@@ -38,6 +38,7 @@ from ..types import SandboxInfo
 from ..volumes.store import VolumeStore
 from .admission import Admission, admission_limit
 from .artifacts import Artifacts
+from .autopause import AutoPause
 from .boot import Booter
 from .builder import Builder
 from .checkpoints import Checkpoints
@@ -78,6 +79,7 @@ class SandboxService:
         self.volumes = VolumeStore(paths.volumes)
         self.net = NetworkManager(paths.home, read_file=self.read_bytes)
         self.warm = WarmPools(self)
+        self.autopause = AutoPause(self)
         self.builder = Builder(self)
         # Before Metrics: its registry reads the gauges (admission limit included) at once.
         self.max_starts = max_starts or admission_limit()

@@ -90,6 +90,7 @@ async def recover(svc: SandboxService) -> dict[str, int]:
                       pids=int(saved.get("pids") or DEFAULT_PIDS), tmpfs=dict(saved.get("tmpfs") or {}))
             # Idle time while the daemon was down counts towards keep_warm_seconds.
             lv.last_active = time.monotonic() - max(0.0, time.time() - row["last_active_at"])
+            lv.auto_pause_seconds = row["auto_pause_seconds"]
             if row["net_slot"] is not None:
                 lv.net = NetworkSpec.from_wire(json.loads(row["network"] or "null"))
                 keep_slots[row["net_slot"]] = lv.net.policy if lv.net else None
@@ -142,6 +143,7 @@ async def run(svc: SandboxService, interval_s: float = 1.0, sample_every: int = 
             svc.warm.expire()
             await svc.net.expire()
             await expire_idle(svc)
+            await svc.autopause.run_once()
             await expire_snapshots(svc)
             if n % sample_every == 0:
                 svc.sample_usage()
