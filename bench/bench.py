@@ -651,7 +651,9 @@ def build_results(m: dict[str, Any]) -> dict[str, Any]:
         res["admission"] = m["admission"]
     if m.get("density"):
         # The best platform's count; each platform's run is kept beside it.
-        res["density"] = {"systrap": m["density"], "ptrace": m.get("density_ptrace")}
+        res["density"] = {"systrap": m["density"], "systrap+auto-pause": m.get("density_autopause"),
+                          "ptrace": m.get("density_ptrace")}
+        res["max_idle_sandboxes_autopause"] = (m.get("density_autopause") or {}).get("max_idle_sandboxes")
         res["max_idle_sandboxes_systrap"] = m["density"]["max_idle_sandboxes"]
         res["max_idle_sandboxes_ptrace"] = (m.get("density_ptrace") or {}).get("max_idle_sandboxes")
         res["max_idle_sandboxes"] = max(res["max_idle_sandboxes_systrap"], res["max_idle_sandboxes_ptrace"] or 0)
@@ -900,6 +902,8 @@ def measure_tiers(tr: Tracker, m: dict[str, Any], raw: RawRunsc, image: Path, sn
     if SCALE_TESTS:
         m["admission"] = scale.admission(snap, *ADMISSION)
         m["density"] = scale.idle_density(snap, **DENSITY)
+        # The same with auto-pause (server/autopause.py): idle sandboxes paused to disk after 2 s.
+        m["density_autopause"] = scale.idle_density(snap, auto_pause_seconds=2, **DENSITY)
         # The same on the ptrace platform, whose idle sandboxes sleep (systrap's spin ~5% of a
         # core each, google/gvisor#10793): a fresh daemon and snapshot, since a checkpoint
         # restores on the platform it was taken on.

@@ -330,10 +330,11 @@ def _mem_available_mib() -> float:
 
 
 def idle_density(snap: str, limit: int = 600, batch: int = 25, floor_mib: float = 2048,
-                 wall_s: float = 600) -> dict[str, Any]:
+                 wall_s: float = 600, auto_pause_seconds: float | None = None) -> dict[str, Any]:
     """Restores sandboxes and keeps them idle, `batch` at a time; stops when the batch's restore
     p50 is twice the first batch's, MemAvailable < floor_mib, `limit` is reached or `wall_s`
-    passed. Terminates them all before returning."""
+    passed. Terminates them all before returning. With `auto_pause_seconds`, each is restored
+    with that auto-pause delay (the daemon pauses it to disk once idle)."""
     kept: list[SandboxInstance] = []
     base: float | None = None
     reason, batches = "limit", []
@@ -343,7 +344,8 @@ def idle_density(snap: str, limit: int = 600, batch: int = 25, floor_mib: float 
             lat = []
             for _ in range(batch):
                 t0 = time.perf_counter()
-                sb = Sandbox(keep_warm_seconds=900).create_from_memory_snapshot(snap)
+                sb = Sandbox(keep_warm_seconds=900, auto_pause_seconds=auto_pause_seconds
+                             ).create_from_memory_snapshot(snap)
                 sb.exec("true")
                 lat.append((time.perf_counter() - t0) * 1000)
                 kept.append(sb)
