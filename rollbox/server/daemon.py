@@ -22,6 +22,7 @@ import uvicorn
 
 from ..config import Paths
 from ..errors import InvalidArgument, RollboxError
+from ..runtime import cgroups
 from ..runtime.reaper import become_subreaper
 from ..runtime.runsc import Runsc, platform_from_env
 from .app import create_app
@@ -111,6 +112,8 @@ async def serve_async(paths: Paths, listen: str | None = None) -> None:
         # Here, not after serve(): uvicorn re-raises SIGTERM once it has shut down, which
         # would end the process before a `finally` runs.
         await service.net.close()
+        # Its own cgroup parents go with it, unless sandboxes it leaves running still use them.
+        cgroups.remove_parent(paths.cgroup_parent)
 
     app.router.lifespan_context = lifespan
     sockets = [_unix_socket(paths)]

@@ -242,9 +242,10 @@ class SandboxService:
         """
         return await self.teardown.terminate(sandbox_id, reason)
 
-    async def teardown_host(self, sandbox_id: str, *, failed_start: bool = False) -> None:
-        """Removes everything the sandbox holds on the host; safe to call twice."""
-        await self.teardown.teardown_host(sandbox_id, failed_start=failed_start)
+    async def teardown_host(self, sandbox_id: str, *, failed_start: bool = False) -> list[str]:
+        """Removes everything the sandbox holds on the host; safe to call twice. Returns what
+        could not be removed (empty: nothing is left)."""
+        return await self.teardown.teardown_host(sandbox_id, failed_start=failed_start)
 
     def retry_cgroup_leftovers(self) -> None:
         """Removes the cgroups teardown could not (their last processes have exited since)."""

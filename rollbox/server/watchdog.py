@@ -62,8 +62,7 @@ async def recover(svc: SandboxService) -> dict[str, int]:
         cid = container_id(sid)
         ok = False
         if SandboxState.of(row["state"], sid) is SandboxState.TERMINATING:
-            await svc.teardown_host(sid)
-            svc.store.update_sandbox(sid, state=SandboxState.TERMINATED)
+            svc.teardown.settle(sid, await svc.teardown_host(sid))  # retried until complete
             cleaned += 1
             continue
         if cid in running:
@@ -144,6 +143,7 @@ async def run(svc: SandboxService, interval_s: float = 1.0, sample_every: int = 
             await svc.net.expire()
             await expire_idle(svc)
             await svc.autopause.run_once()
+            await svc.teardown.retry_pending()
             await expire_snapshots(svc)
             if n % sample_every == 0:
                 svc.sample_usage()
