@@ -111,7 +111,7 @@ def leftover_ids(parent: str = PARENT) -> set[str]:
 def remove_parent(parent: str = PARENT) -> list[Path]:
     """Removes a daemon's own parent directories (one per controller) when no sandbox cgroup
     is left in them; returns those still there (a sandbox outlives its daemon's stop)."""
-    left = []
+    left: list[Path] = []
     if not CGROUP_ROOT.exists():
         return left
     for ctl in os.listdir(CGROUP_ROOT):
