@@ -75,9 +75,11 @@ bench-quick: setup
 bench-smoke: setup
 	$(VENV)/bin/python -m bench.bench --smoke
 
-# 2,000 create -> exec -> terminate cycles at concurrency 16; prints what is left (must be 0).
+# 2,000 create -> exec -> terminate cycles at concurrency 16, then a burst of 100 creates from 10
+# threads beside a CPU hog (bench/burst.py); each prints what is left (must be 0).
 soak: setup
 	$(VENV)/bin/python -m bench.soak --cycles $${ROLLBOX_SOAK_CYCLES:-2000} --concurrency 16
+	$(VENV)/bin/python -m bench.burst --creates $${ROLLBOX_BURST_CREATES:-100} --threads $${ROLLBOX_BURST_THREADS:-10}
 
 # On a machine with an NVIDIA GPU: nvidia-smi, a torch matmul and a GPU-memory snapshot in gVisor.
 gpu-check:
