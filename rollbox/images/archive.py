@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import ImageCorrupt, ImageNotFound, UnsupportedImage
-from .layers import (ANNOTATION_REF_NAME, MAX_JSON_BYTES, Descriptor, LayerBlob, Manifest, check_layer_media_type,
-                     host_platform, import_image, manifest_kind, parse_index, parse_json,
-                     parse_manifest, split_digest, verify_bytes)
+from .layers import LayerBlob, import_image
+from .manifest import (ANNOTATION_REF_NAME, MAX_JSON_BYTES, Descriptor, Manifest, check_layer_media_type,
+                       host_platform, manifest_kind, parse_index, parse_json, parse_manifest, split_digest,
+                       verify_bytes)
 from .store import ImageMeta, ImageStore
 
 MAX_INDEX_DEPTH = 4
