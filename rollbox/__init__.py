@@ -6,6 +6,7 @@
 from .version import __version__
 
 from .errors import (  # noqa: E402
+    AgentFailed,
     ApiError,
     ContainerNotFound,
     DaemonUnavailable,
@@ -42,6 +43,7 @@ from .sdk.volume import Volume  # noqa: E402
 from .types import EpisodeResult, ExecResult, FileEntry, SandboxInfo  # noqa: E402
 
 __all__ = [
+    "AgentFailed",
     "ApiError",
     "ContainerNotFound",
     "DaemonUnavailable",

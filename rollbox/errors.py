@@ -17,6 +17,7 @@
     │   └── SandboxTerminated
     │       └── FunctionTimeout  (a remote function ran past its timeout; its sandbox was killed)
     ├── SandboxLost              (died or unreachable: an infrastructure fault, retryable)
+    ├── AgentFailed              (the in-sandbox agent could not do an operation; its kind says why)
     ├── RuntimeMissing           (runsc or a host prerequisite is absent; carries the fix)
     ├── ResourceExhausted        (disk full, too many sandboxes)
     ├── ResourceUnavailable      (not on this machine at all, e.g. a GPU)
@@ -125,6 +126,15 @@ class SandboxLost(RollboxError):
     code, status, retryable = "sandbox_lost", 502, True
 
 
+class AgentFailed(RollboxError):
+    """The agent inside the sandbox could not do the operation for a reason of the sandbox's own
+    (e.g. it cannot make a thread or a pipe, or an OS error it has no better code for); the
+    message carries its kind and the OS error. Not retryable as such: the same call on the same
+    sandbox likely fails the same way (a fresh sandbox may not)."""
+
+    code, status = "agent_error", 500
+
+
 class RuntimeMissing(RollboxError):
     code, status = "runtime_missing", 503
 
@@ -185,7 +195,7 @@ CODES: dict[str, type[RollboxError]] = {
         VolumeNotFound, FileNotFoundInSandbox, InvalidState, SandboxTerminated, SandboxLost, RuntimeMissing,
         ResourceExhausted, DaemonUnavailable, ApiError, ImagePullError, ImageCorrupt, UnsupportedImage,
         ImageBuildError, FunctionTimeout, ResourceUnavailable, Unauthorized, UnsupportedOperation, VolumeBusy,
-        ContainerNotFound, EpisodePoolNotFound,
+        ContainerNotFound, EpisodePoolNotFound, AgentFailed,
     )
 }
 

@@ -47,9 +47,10 @@ def mount_disk(target: Path, size_mib: int) -> None:
                  ["mount", "-o", "loop,nosuid,nodev", str(img), str(target)]):
         res = subprocess.run(argv, capture_output=True, text=True)
         if res.returncode != 0:
+            full = disk_full(img)
             img.unlink(missing_ok=True)
             detail = res.stderr.strip()
-            if "No space left" in detail:
+            if full:
                 raise ResourceExhausted(f"disk full making the sandbox's writable layer under {target.parent}")
             raise RollboxError(f"making the sandbox's {size_mib} MiB writable layer at {target} failed: "
                                f"`{' '.join(argv[:1])}`: {detail} (are e2fsprogs and loop devices available?)")
@@ -113,7 +114,7 @@ def copy_tree(src: Path, dst: Path) -> None:
     res = subprocess.run(["cp", "-a", "--reflink=auto", str(src), str(dst)],
                          capture_output=True, text=True)
     if res.returncode != 0:
-        if "No space left" in res.stderr:
+        if disk_full(dst):
             raise ResourceExhausted(f"disk full while copying {src}: free space under {dst.parent}")
         raise RollboxError(f"copying {src} to {dst} failed: {res.stderr.strip()}")
 
@@ -154,3 +155,18 @@ def tree_usage(path: Path) -> tuple[int, int]:
 def disk_free_bytes(path: Path) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+FULL_BELOW = 8 << 20  # bytes free under which a failed write is put down to a full disk
+
+
+def disk_full(path: Path) -> bool:
+    """Whether the filesystem holding `path` (or its nearest existing parent) is full: how a
+    failed command's cause is told from the filesystem's state, not from its message."""
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return disk_free_bytes(p) < FULL_BELOW
+    except OSError:
+        return False

@@ -142,6 +142,10 @@ class Runc:
     def forget(self, container_id: str) -> None:
         shutil.rmtree(self.root / container_id, ignore_errors=True)
 
+    def known(self, container_id: str) -> bool:
+        """runc keeps `<id>/state.json` under its root for every container it knows."""
+        return (self.root / container_id / "state.json").is_file()
+
     async def list_ids(self) -> list[str]:
         if not self.root.is_dir():
             return []

@@ -14,7 +14,7 @@ from .. import errors
 from ..runtime import agentdir
 from ..runtime.bundle import AGENT_DIR
 from ..runtime.driver import no_snapshots
-from ..runtime.rootfs import copy_tree, disk_free_bytes
+from ..runtime.rootfs import copy_tree, disk_free_bytes, disk_full
 from ..snapshots.store import SnapshotMeta, new_snapshot_id
 from ..types import SandboxInfo
 from .boot import Booter
@@ -93,7 +93,7 @@ class Checkpoints:
             res = await ctx.runsc.checkpoint(container_id(sandbox_id), ck, leave_running=leave_running)
             if res.returncode != 0:
                 detail = res.stderr.decode(errors="replace").strip()[-800:]
-                if "no space left" in detail.lower():
+                if disk_full(ck):
                     raise errors.ResourceExhausted(f"disk full while checkpointing sandbox {sandbox_id}: free space "
                                                    f"under {ctx.paths.snapshots}", sandbox_id=sandbox_id)
                 raise errors.SandboxLost(f"checkpointing sandbox {sandbox_id} failed: {detail}",

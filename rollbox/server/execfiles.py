@@ -94,8 +94,10 @@ class ExecFiles:
             if lv.exit_reason == "oom" or cgroups.oom_killed(container_id(sandbox_id), cg):
                 return {"exit_code": 137, "oom_killed": True, "stdout": "", "stderr": "", "timed_out": False,
                         "truncated": False, "duration_s": time.monotonic() - started}
-            if isinstance(e, AgentError) and e.kind in AGENT_ERRORS:
-                raise AGENT_ERRORS[e.kind](f"exec in sandbox {sandbox_id}: {e.message}", sandbox_id=sandbox_id) from None
+            if isinstance(e, AgentError):
+                cls = AGENT_ERRORS.get(e.kind, errors.AgentFailed)
+                detail = e.message if e.kind in AGENT_ERRORS else f"{e.kind}: {e.message}"
+                raise cls(f"exec in sandbox {sandbox_id}: {detail}", sandbox_id=sandbox_id) from None
             raise
         finally:
             lv.busy -= 1
@@ -121,8 +123,9 @@ class ExecFiles:
             wire_op, extra = container_op(op, container)
             return await self.deathwatch.request(lv, wire_op, 120.0, **extra, **fields)
         except AgentError as e:
-            cls = AGENT_ERRORS.get(e.kind, errors.RollboxError)
-            raise cls(f"{op} in sandbox {sandbox_id}: {e.message}", sandbox_id=sandbox_id) from None
+            cls = AGENT_ERRORS.get(e.kind, errors.AgentFailed)
+            detail = e.message if e.kind in AGENT_ERRORS else f"{e.kind}: {e.message}"
+            raise cls(f"{op} in sandbox {sandbox_id}: {detail}", sandbox_id=sandbox_id) from None
         finally:
             lv.busy -= 1
             lv.last_active = time.monotonic()

@@ -174,7 +174,9 @@ class Teardown:
             await asyncio.wait({delete}, timeout=0.05)
         try:
             res = delete.result()
-            unknown = res.returncode != 0 and (b"does not exist" in res.stderr or b"not found" in res.stderr)
+            # Classified from the runtime's state, not its message: a failed delete of a
+            # container it has no state for had nothing to delete.
+            unknown = res.returncode != 0 and not driver.known(cid)
             failed = res.returncode != 0 and not unknown
             detail = res.stderr.decode(errors="replace").strip()
         except errors.RollboxError as e:
