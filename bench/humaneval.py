@@ -35,7 +35,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from bench.stats import pct

@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.bench import WORK, OrphanReaper, RawRunsc, remove_cgroups
+from bench.common import WORK
+from bench.raw import OrphanReaper, RawRunsc, remove_cgroups
 
 TIMEOUT_S = 10.0
 
@@ -64,7 +65,7 @@ def run_raw_runsc() -> Callable[[list[str], int], list[tuple[bool, float]]]:
 
 
 def run_raw_runc() -> Callable[[list[str], int], list[tuple[bool, float]]]:
-    from bench.bench import CGROUP_PARENT, IMAGE_ROOTFS
+    from bench.common import CGROUP_PARENT, IMAGE_ROOTFS
     from bench.scale import RawRunc
 
     rr = RawRunc(WORK, IMAGE_ROOTFS, CGROUP_PARENT)
