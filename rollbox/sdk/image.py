@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgument
+from ._aio import synchronized
 
 if TYPE_CHECKING:
     from ..client.transport import Client
@@ -198,10 +199,12 @@ class Image:
     def base_wire(self) -> dict[str, Any]:
         return dict(self.base) if self.base else {"image_id": self.image_id}
 
+    @synchronized
     def build(self, client: "Client | None" = None) -> str:
         """Imports the base and builds the steps (cached); returns the image id."""
         return str(self.build_report(client)["image_id"])
 
+    @synchronized
     def build_report(self, client: "Client | None" = None) -> dict[str, Any]:
         """As build(), with {"image_id", "base_image_id", "steps": [{"step", "image_id",
         "cached", "seconds"}]}. Raises ImageBuildError (a step failed; its output is in the

@@ -21,7 +21,7 @@ from .. import errors
 from ..client.default import default_client as default_client  # re-exported for SDK modules
 from ..client.transport import Client
 from ..types import ExecResult, FileEntry, SandboxInfo
-from ._aio import synchronized
+from ._aio import cleaning, synchronized
 from .image import Image
 from .volume import Volume
 
@@ -129,7 +129,7 @@ class Sandbox:
             if isinstance(v, bool) or not isinstance(v, kinds):
                 raise errors.InvalidArgument(f"{name}={v!r} must be a number ({' or '.join(k.__name__ for k in kinds)})")
 
-    @synchronized
+    @cleaning(lambda sb: sb.terminate())  # a cancelled create.aio leaves no sandbox
     def create(self) -> "SandboxInstance":
         """Boots a fresh sandbox and returns once its first command can run.
 
@@ -154,7 +154,7 @@ class Sandbox:
             "auto_pause_seconds": self.auto_pause_seconds}))
         return SandboxInstance(info.sandbox_id, c, info)
 
-    @synchronized
+    @cleaning(lambda sb: sb.terminate())
     def create_from_memory_snapshot(self, snapshot_id: str) -> "SandboxInstance":
         """Restores a memory snapshot into a new sandbox: its processes continue where they were.
 
@@ -423,7 +423,7 @@ class SandboxInstance:
         """Saves the sandbox's files (not its processes) as a new image; returns its id."""
         return str(self._call("POST", "image")["image_id"])
 
-    @synchronized
+    @cleaning(lambda copies: [c.terminate() for c in copies if not isinstance(c, BaseException)])
     def fork(self, count: int, *, keep_warm_seconds: float | None = 600,
              return_exceptions: bool = False) -> list["SandboxInstance"]:
         """`count` live copies of this sandbox from one memory capture; this one keeps running.
