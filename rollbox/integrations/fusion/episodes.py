@@ -102,14 +102,15 @@ def run_code_episode(sb: SandboxInstance, job: CodeJob) -> None:
     lang = job.language
     _put_files(sb, job.files)
     sb.fs.write_file(_in_workdir(lang.source), job.code)
-    if lang.compile is not None:
-        job.compiled = sb.exec(*lang.compile, timeout=job.compile_timeout, cwd=WORKDIR, env=lang.env)
-        if job.compiled.exit_code != 0:
+    compile_argv = lang.compile_argv(job.files)
+    if compile_argv is not None:
+        job.compiled = sb.exec(*compile_argv, timeout=job.compile_timeout, cwd=WORKDIR, env=lang.env)
+        if job.compiled.exit_code != 0 or job.compiled.timed_out:
             if not _ended(job.compiled):
                 job.fetched = _fetch(sb, job.fetch)
             return
-    job.ran = sb.exec(*lang.run_argv(job.memory_limit_mib), timeout=job.run_timeout, cwd=WORKDIR, env=lang.env,
-                      stdin=job.stdin)
+    job.ran = sb.exec(*lang.run_argv(job.memory_limit_mib, job.files), timeout=job.run_timeout, cwd=WORKDIR,
+                      env=lang.env, stdin=job.stdin)
     if not _ended(job.ran):
         job.fetched = _fetch(sb, job.fetch)
 
