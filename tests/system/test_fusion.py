@@ -3,8 +3,10 @@
 One server for the module, started as a user would (`python -m rollbox serve-fusion`) on a
 free loopback port, on the suite's daemon; its default image (Debian: python3 and bash),
 container isolation. `ROLLBOX_FUSION_TEST_IMAGE=toolchains` runs it on the toolchains image
-(built once per state directory, ~6 minutes), so the compiled languages' tests run too. Raw HTTP only where the client cannot say it (malformed bodies, a
-language outside its Literal, `memory_limit_MB`, which its RunCodeRequest drops).
+(built once per state directory: ~4 minutes here; `make test-fusion-toolchains`), so every
+language's tests run: cpp, go, java, nodejs, rust, pytest beside python and bash. Raw HTTP
+only where the client cannot say it (malformed bodies, a language outside its Literal,
+`memory_limit_MB`, which its RunCodeRequest drops).
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ def test_files_in_and_fetch_files_out(server: Server) -> None:
                       files={"inputs/blob.bin": base64.b64encode(blob).decode(),
                              "notes.txt": base64.b64encode(b"hi").decode()},
                       fetch_files=["out/rev.bin", "notes.txt", "never-written.txt"]))
-    assert r.status == RunStatus.Success and r.run_result.stdout == "1024 hi\n"
+    assert r.status == RunStatus.Success and r.run_result.stdout == "1024 hi\n", r
     assert set(r.files) == {"out/rev.bin", "notes.txt"}  # a missing file is left out, as SandboxFusion does
     assert base64.b64decode(r.files["out/rev.bin"]) == blob[::-1]
     # Every request is a fresh episode: nothing of the last one is left.
@@ -246,38 +248,38 @@ def test_requests_beyond_concurrency_queue(server: Server) -> None:
 
 
 # Per language: a program summing two numbers from stdin and one from the file `in/data.txt`
-# (sent in `files`), writing the sum to `out/result.txt` (got back with `fetch_files`) and
+# (sent in `files`), writing the sum to `res/sum.txt` (got back with `fetch_files`) and
 # printing it; one failing at run time (return code, stderr); one running forever; one that
 # does not compile (for an interpreted language: a syntax error, which fails its run).
 LANGS: dict[str, dict[str, str]] = {
     "python": {
         "good": "import os, sys\na, b = map(int, sys.stdin.read().split())\nv = a + b + int(open('in/data.txt').read())\n"
-                "os.makedirs('out', exist_ok=True)\nopen('out/result.txt', 'w').write(str(v))\nprint(v)\n",
+                "os.makedirs('res', exist_ok=True)\nopen('res/sum.txt', 'w').write(str(v))\nprint(v)\n",
         "fail": "import sys\nsys.stderr.write('bad\\n')\nsys.exit(3)\n", "loop": "while True:\n    pass\n",
         "broken": "def f(:\n"},
     "bash": {
-        "good": "read a b\nv=$((a + b + $(cat in/data.txt)))\nmkdir -p out\necho -n $v > out/result.txt\necho $v\n",
+        "good": "read a b\nv=$((a + b + $(cat in/data.txt)))\nmkdir -p res\necho -n $v > res/sum.txt\necho $v\n",
         "fail": "echo bad >&2\nexit 3\n", "loop": "while :; do :; done\n", "broken": "if then fi\n"},
     "pytest": {  # pytest captures stdin: the test gets its numbers from the file alone
         "good": "import os\n\ndef test_sum():\n    v = 40 + 2 + int(open('in/data.txt').read())\n"
-                "    os.makedirs('out', exist_ok=True)\n    open('out/result.txt', 'w').write(str(v))\n    print(v)\n",
+                "    os.makedirs('res', exist_ok=True)\n    open('res/sum.txt', 'w').write(str(v))\n    print(v)\n",
         "fail": "def test_ok():\n    assert 1 + 1 == 2\n\ndef test_bad():\n    assert 2 * 2 == 5\n",
         "loop": "def test_forever():\n    while True:\n        pass\n", "broken": "def test_(:\n"},
     "nodejs": {
         "good": "const fs = require('fs');\nconst [a, b] = fs.readFileSync(0, 'utf8').trim().split(/\\s+/).map(Number);\n"
                 "const v = a + b + Number(fs.readFileSync('in/data.txt', 'utf8'));\n"
-                "fs.mkdirSync('out', {recursive: true});\nfs.writeFileSync('out/result.txt', String(v));\nconsole.log(v);\n",
+                "fs.mkdirSync('res', {recursive: true});\nfs.writeFileSync('res/sum.txt', String(v));\nconsole.log(v);\n",
         "fail": "console.error('bad');\nprocess.exit(3);\n", "loop": "while (true) {}\n", "broken": "function (\n"},
     "cpp": {
         "good": "#include <fstream>\n#include <iostream>\n#include <sys/stat.h>\nint main() {\n  long a, b, c;\n"
-                "  std::cin >> a >> b;\n  std::ifstream(\"in/data.txt\") >> c;\n  mkdir(\"out\", 0755);\n"
-                "  std::ofstream(\"out/result.txt\") << a + b + c;\n  std::cout << a + b + c << std::endl;\n}\n",
+                "  std::cin >> a >> b;\n  std::ifstream(\"in/data.txt\") >> c;\n  mkdir(\"res\", 0755);\n"
+                "  std::ofstream(\"res/sum.txt\") << a + b + c;\n  std::cout << a + b + c << std::endl;\n}\n",
         "fail": "#include <cstdio>\nint main() { std::fputs(\"bad\\n\", stderr); return 3; }\n",
         "loop": "int main() { volatile long x = 0; for (;;) x++; }\n", "broken": "int main() { return undefined_name; }\n"},
     "go": {
         "good": "package main\n\nimport (\n\t\"fmt\"\n\t\"os\"\n)\n\nfunc main() {\n\tvar a, b, c int\n\tfmt.Scan(&a, &b)\n"
-                "\td, _ := os.ReadFile(\"in/data.txt\")\n\tfmt.Sscan(string(d), &c)\n\tos.MkdirAll(\"out\", 0755)\n"
-                "\tos.WriteFile(\"out/result.txt\", []byte(fmt.Sprint(a+b+c)), 0644)\n\tfmt.Println(a + b + c)\n}\n",
+                "\td, _ := os.ReadFile(\"in/data.txt\")\n\tfmt.Sscan(string(d), &c)\n\tos.MkdirAll(\"res\", 0755)\n"
+                "\tos.WriteFile(\"res/sum.txt\", []byte(fmt.Sprint(a+b+c)), 0644)\n\tfmt.Println(a + b + c)\n}\n",
         "fail": "package main\n\nimport (\n\t\"fmt\"\n\t\"os\"\n)\n\nfunc main() {\n\tfmt.Fprintln(os.Stderr, \"bad\")\n"
                 "\tos.Exit(3)\n}\n",
         "loop": "package main\n\nfunc main() {\n\tfor {\n\t}\n}\n", "broken": "package main\nfunc main() { undefined_name }\n"},
@@ -285,8 +287,8 @@ LANGS: dict[str, dict[str, str]] = {
         "good": "import java.nio.file.*;\nimport java.util.*;\npublic class Main {\n  public static void main(String[] x) "
                 "throws Exception {\n    Scanner s = new Scanner(System.in);\n    long v = s.nextLong() + s.nextLong() + "
                 "Long.parseLong(Files.readString(Path.of(\"in/data.txt\")).trim());\n"
-                "    Files.createDirectories(Path.of(\"out\"));\n"
-                "    Files.writeString(Path.of(\"out/result.txt\"), Long.toString(v));\n    System.out.println(v);\n  }\n}\n",
+                "    Files.createDirectories(Path.of(\"res\"));\n"
+                "    Files.writeString(Path.of(\"res/sum.txt\"), Long.toString(v));\n    System.out.println(v);\n  }\n}\n",
         # SandboxFusion runs `java -ea`: a failed assertion is a run error
         "fail": "public class Main { public static void main(String[] a) { System.err.println(\"bad\"); "
                 "assert 1 > 2 : \"asserts are on\"; } }\n",
@@ -297,7 +299,7 @@ LANGS: dict[str, dict[str, str]] = {
                 "    std::io::stdin().read_to_string(&mut s).unwrap();\n"
                 "    let c: i64 = std::fs::read_to_string(\"in/data.txt\").unwrap().trim().parse().unwrap();\n"
                 "    let v: i64 = s.split_whitespace().map(|x| x.parse::<i64>().unwrap()).sum::<i64>() + c;\n"
-                "    std::fs::create_dir_all(\"out\").unwrap();\n    std::fs::write(\"out/result.txt\", v.to_string()).unwrap();\n"
+                "    std::fs::create_dir_all(\"res\").unwrap();\n    std::fs::write(\"res/sum.txt\", v.to_string()).unwrap();\n"
                 "    println!(\"{}\", v);\n}\n",
         "fail": "fn main() { eprintln!(\"bad\"); std::process::exit(3); }\n", "loop": "fn main() { loop {} }\n",
         "broken": "fn main() { undefined_name }\n"},
@@ -328,7 +330,7 @@ def _compile_ok(r: Any, language: str) -> None:
 def test_language_stdin_files_and_fetch_files(server: Server, language: str) -> None:
     _offered(server, language)
     r = run_code(code(LANGS[language]["good"], language, stdin="40 2\n", files=DATA, compile_timeout=60,
-                      fetch_files=["out/result.txt", "in/data.txt", "out/missing.txt"]))
+                      fetch_files=["res/sum.txt", "in/data.txt", "res/missing.txt"]))
     assert r.status == RunStatus.Success and r.message == "", r
     _compile_ok(r, language)
     assert r.run_result.status == CommandRunStatus.Finished and r.run_result.return_code == 0
@@ -336,7 +338,7 @@ def test_language_stdin_files_and_fetch_files(server: Server, language: str) -> 
         assert "1 passed" in r.run_result.stdout
     else:
         assert r.run_result.stdout == "1042\n"
-    assert {k: base64.b64decode(v) for k, v in r.files.items()} == {"out/result.txt": b"1042", "in/data.txt": b"1000"}
+    assert {k: base64.b64decode(v) for k, v in r.files.items()} == {"res/sum.txt": b"1042", "in/data.txt": b"1000"}
 
 
 @pytest.mark.parametrize("language", list(LANGS))
@@ -384,6 +386,18 @@ def test_compile_timeout_is_time_limit_exceeded(server: Server, language: str) -
     assert r.run_result is None
     r = run_code(code(LANGS[language]["good"], language, stdin="1 2\n", files=DATA, compile_timeout=60))
     assert r.status == RunStatus.Success and r.run_result.stdout == "1003\n"  # the server goes on
+
+
+def test_java_classpath_has_the_requests_jars(server: Server) -> None:
+    _offered(server, "java")  # as SandboxFusion: `-cp .:JARS` for javac and java, JARS the `.jar` files sent
+    jvm = "-J-XX:CompressedClassSpaceSize=64m"
+    made = run_code(code(f"mkdir -p src && cd src && printf 'package lib; public class Twice {{ public static int of(int x) "
+                         f"{{ return 2 * x; }} }}' > Twice.java && javac {jvm} -d . Twice.java && jar {jvm} cf ../twice.jar "
+                         "lib/Twice.class", "bash", run_timeout=60, fetch_files=["twice.jar"]))
+    assert made.status == RunStatus.Success and "twice.jar" in made.files, made
+    r = run_code(code("public class Main { public static void main(String[] a) { System.out.println(lib.Twice.of(21)); } }",
+                      "java", files={"deps/twice.jar": made.files["twice.jar"]}, compile_timeout=60))
+    assert r.status == RunStatus.Success and r.run_result.stdout == "42\n", r
 
 
 def test_zz_sigterm_closes_pool_and_snapshot(server: Server) -> None:
