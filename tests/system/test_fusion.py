@@ -400,6 +400,21 @@ def test_java_classpath_has_the_requests_jars(server: Server) -> None:
     assert r.status == RunStatus.Success and r.run_result.stdout == "42\n", r
 
 
+def test_compilers_side_by_side_in_pooled_sandboxes(server: Server) -> None:
+    for language in ("go", "java"):
+        _offered(server, language)
+    # A pooled sandbox runs two containers, and every task in it counts against each one's
+    # process limit: go build beside javac failed to start threads (1 in 12) until the
+    # compilers ran leaner and a compile that could not start a thread was tried again.
+    progs = {"go": "package main\nimport \"fmt\"\nfunc main() { fmt.Println(7) }\n",
+             "java": "public class Main { public static void main(String[] a) { System.out.println(7); } }\n"}
+    with cf.ThreadPoolExecutor(8) as ex:
+        got = list(ex.map(lambda i: run_code(code(progs[("go", "java")[i % 2]], ("go", "java")[i % 2],
+                                                  compile_timeout=60), max_attempts=1), range(16)))
+    bad = [(r.compile_result, r.run_result) for r in got if r.status != RunStatus.Success or r.run_result.stdout != "7\n"]
+    assert not bad, bad
+
+
 def test_zz_sigterm_closes_pool_and_snapshot(server: Server) -> None:
     (snap,) = re.findall(r"snapshot (sn-[0-9a-f]+);", server.log.read_text())
     assert snap in {s["snapshot_id"] for s in default_client().request("GET", "/snapshots")}

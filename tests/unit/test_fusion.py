@@ -19,6 +19,7 @@ from rollbox import EpisodeResult, ExecResult, Image, InvalidArgument
 from rollbox.integrations.fusion import FusionBackend, create_app, parse_listen
 from rollbox.integrations.fusion import images
 from rollbox.integrations.fusion import languages as langs
+from rollbox.integrations.fusion import episodes
 from rollbox.integrations.fusion.episodes import (BadRequest, CodeJob, JupyterJob, code_response, command_result,
                                                   decode_files, jupyter_response)
 from rollbox.integrations.fusion.models import (CommandRunStatus, RunCodeRequest, RunCodeResponse, RunJupyterRequest,
@@ -302,3 +303,47 @@ def test_image_build_shows_progress_and_reuses_the_cache(monkeypatch: pytest.Mon
     images.build_image(img, lines.append)  # the second start: every step cached, no waiting lines
     assert len(lines) == 7 and all(": cached" in line for line in lines[:6]) and "every step cached" in lines[-1]
     assert images.build_image(Image.debian(), lines.append).image_id == Image.debian().image_id
+
+
+class _ScriptedSandbox:
+    """Answers each exec with the next scripted ExecResult and records the calls (the episode
+    function's view of a sandbox: exec and fs.write_file)."""
+
+    def __init__(self, results: list[ExecResult]) -> None:
+        self.results, self.calls, self.written = results, [], {}
+        self.fs = self
+
+    def write_file(self, path: str, data: bytes) -> None:
+        self.written[path] = data
+
+    def read_file(self, path: str) -> bytes:
+        raise episodes.FileNotFoundInSandbox(path)
+
+    def exec(self, *argv: str, **kw: Any) -> ExecResult:
+        self.calls.append((argv, kw.get("env")))
+        return self.results.pop(0)
+
+
+def test_a_compile_that_could_not_start_a_thread_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(episodes, "COMPILE_RETRY_DELAY_S", 0.0)
+    eagain = ExecResult(exit_code=2, stderr=b"runtime/cgo: pthread_create failed: Resource temporarily unavailable\n")
+    go = langs.LANGUAGES["go"]
+    job = CodeJob(language=go, code=b"package main", files={}, fetch=[], stdin=None, compile_timeout=10,
+                  run_timeout=10, memory_limit_mib=-1)
+    sb = _ScriptedSandbox([eagain, ExecResult(exit_code=0), ExecResult(exit_code=0, stdout=b"42\n")])
+    episodes.run_code_episode(sb, job)  # type: ignore[arg-type]
+    assert [argv[0] for argv, _ in sb.calls] == ["go", "go", "./out"]
+    assert sb.calls[0][1]["GOMAXPROCS"] == "1" and "GOMAXPROCS" not in sb.calls[2][1]  # the program keeps its CPUs
+    assert code_response(job, EpisodeResult(index=0, status="ok", sandbox_id="sb-1")).status == RunStatus.Success
+    # At most COMPILE_ATTEMPTS; then the compiler's own failure is the answer.
+    sb = _ScriptedSandbox([eagain] * episodes.COMPILE_ATTEMPTS)
+    episodes.run_code_episode(sb, job)  # type: ignore[arg-type]
+    assert len(sb.calls) == episodes.COMPILE_ATTEMPTS and job.ran is None
+    resp = code_response(job, EpisodeResult(index=0, status="ok", sandbox_id="sb-1"))
+    assert resp.status == RunStatus.Failed and "pthread_create" in resp.compile_result.stderr
+    # An ordinary compile error is answered at once, never retried.
+    sb = _ScriptedSandbox([ExecResult(exit_code=1, stderr=b"./main.go:1: undefined: x\n")])
+    episodes.run_code_episode(sb, job)  # type: ignore[arg-type]
+    assert len(sb.calls) == 1
+    assert not langs.transient_compile_failure(None, b"pthread_create failed: Resource temporarily unavailable")
+    assert langs.transient_compile_failure(1, b"java.lang.OutOfMemoryError: unable to create native thread")

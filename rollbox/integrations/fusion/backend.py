@@ -71,7 +71,7 @@ def prepare_snapshot(image: Image, *, memory_mib: int, cpu: float,
             log(f"  warming {lang.name} ({' '.join(lang.compile)})")
             warm = f"/tmp/rollbox-warm-{lang.name}"
             sb.fs.write_file(f"{warm}/{lang.source}", lang.hello)
-            r = sb.exec(*lang.compile, timeout=SETUP_TIMEOUT_S, cwd=warm, env=lang.env)
+            r = sb.exec(*lang.compile, timeout=SETUP_TIMEOUT_S, cwd=warm, env=lang.compiler_env())
             if r.exit_code != 0:
                 found[lang.name] = f"its hello-world did not compile: {r.stderr[-300:].decode(errors='replace')}"
             sb.exec("rm", "-rf", warm, timeout=60)

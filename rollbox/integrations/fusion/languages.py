@@ -23,6 +23,18 @@ LIMITED = f"{SCRIPTS_DIR}/limited.py"
 KERNEL = f"{SCRIPTS_DIR}/kernel.py"
 # Go's build cache lives in the snapshot, warmed at start-up: a request compiles only its own code.
 TOOL_ENV = {"GOCACHE": "/var/cache/rollbox-fusion/go-build", "GOPATH": "/tmp/go", "GOFLAGS": "-buildvcs=false"}
+# Every task (thread) of a pooled sandbox counts against each of its containers' process
+# limit (gVisor's RLIMIT_NPROC is per sandbox): `go build` beside a javac in the neighbour
+# container failed to start threads (1 in 12 go builds, 12 java + 12 go at concurrency 8), so
+# the compilers run with fewer threads: the go tool on one P (it peaked at 17 tasks, 14 so),
+# javac on the serial GC and C1 alone.
+GO_COMPILE_ENV = {**TOOL_ENV, "GOMAXPROCS": "1"}
+_JAVAC_LEAN = ("-J-XX:+UseSerialGC", "-J-XX:TieredStopAtLevel=1", "-J-XX:CICompilerCount=1")
+# What a compiler prints when it could not start a thread or process (EAGAIN): the sandbox's
+# task limit was full for a moment, not the code's fault; such a compile is tried again.
+TRANSIENT_COMPILE_FAILURES = ("pthread_create failed: Resource temporarily unavailable",
+                              "unable to create native thread", "Resource temporarily unavailable (os error 11)",
+                              ": resource temporarily unavailable", "Cannot create worker GC thread")
 
 # Every language name SandboxFusion's API accepts (its `Language` literal); the ones not in
 # LANGUAGES are answered as "not supported by this server", anything else as unknown.
@@ -47,6 +59,7 @@ class Language:
     hello: str = ""
     hello_prints: str = "hello"
     env: dict[str, str] = field(default_factory=dict)
+    compile_env: dict[str, str] | None = None  # the compiler's environment, when not `env`
     classpath: bool = False  # Java: `-cp .:JARS` on both commands, JARS the request's `.jar` files
 
     def _with_classpath(self, argv: tuple[str, ...], files: Iterable[str]) -> list[str]:
@@ -54,6 +67,10 @@ class Language:
             return list(argv)
         jars = [".", *sorted(f for f in files if f.endswith(".jar"))]
         return [argv[0], "-cp", ":".join(jars), *argv[1:]]
+
+    def compiler_env(self) -> dict[str, str]:
+        """The environment the compile command runs with."""
+        return self.env if self.compile_env is None else self.compile_env
 
     def compile_argv(self, files: Iterable[str] = ()) -> list[str] | None:
         """The compile command (None for an interpreted language); `files`: the request's
@@ -87,14 +104,22 @@ LANGUAGES: dict[str, Language] = {lang.name: lang for lang in (
     Language("cpp", "main.cpp", ("./test",), compile=("g++", "-std=c++17", "main.cpp", "-o", "test", "-lpthread"),
              needs=("g++",), hello=_C_HELLO),
     Language("go", "main.go", ("./out",), compile=("go", "build", "-o", "out", "main.go"), needs=("go",),
-             hello='package main\n\nimport "fmt"\n\nfunc main() { fmt.Println("hello") }\n', env=TOOL_ENV),
+             hello='package main\n\nimport "fmt"\n\nfunc main() { fmt.Println("hello") }\n', env=TOOL_ENV,
+             compile_env=GO_COMPILE_ENV),
     Language("java", "Main.java", ("java", "-ea", _JVM_CLASS_SPACE, "Main"),
-             compile=("javac", "-J" + _JVM_CLASS_SPACE, "Main.java"), needs=("javac", "java"), classpath=True,
+             compile=("javac", "-J" + _JVM_CLASS_SPACE, *_JAVAC_LEAN, "Main.java"), needs=("javac", "java"),
+             classpath=True,
              hello='public class Main { public static void main(String[] a) { System.out.println("hello"); } }\n'),
     Language("nodejs", "main.js", ("node", "main.js"), needs=("node",), hello='console.log("hello");\n'),
     Language("rust", "main.rs", ("./test",), compile=("rustc", "main.rs", "-o", "test"), needs=("rustc",),
              hello='fn main() { println!("hello"); }\n'),
 )}
+
+
+def transient_compile_failure(exit_code: int | None, output: bytes) -> bool:
+    """Whether a failed compile failed to start a thread or process (see TRANSIENT_COMPILE_FAILURES)."""
+    text = output.decode("utf-8", "replace")
+    return exit_code not in (0, None) and any(marker in text for marker in TRANSIENT_COMPILE_FAILURES)
 
 
 def probe_command() -> list[str]:
