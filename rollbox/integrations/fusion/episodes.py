@@ -112,11 +112,12 @@ def run_code_episode(sb: SandboxInstance, job: CodeJob) -> None:
         for attempt in range(COMPILE_ATTEMPTS):
             if attempt:
                 time.sleep(COMPILE_RETRY_DELAY_S)  # the neighbour's tasks come and go
-            job.compiled = sb.exec(*compile_argv, timeout=job.compile_timeout, cwd=WORKDIR, env=lang.compiler_env())
-            if not transient_compile_failure(job.compiled.exit_code, job.compiled.stdout + job.compiled.stderr):
+            compiled = sb.exec(*compile_argv, timeout=job.compile_timeout, cwd=WORKDIR, env=lang.compiler_env())
+            job.compiled = compiled
+            if not transient_compile_failure(compiled.exit_code, compiled.stdout + compiled.stderr):
                 break
-        if job.compiled.exit_code != 0 or job.compiled.timed_out:
-            if not _ended(job.compiled):
+        if compiled.exit_code != 0 or compiled.timed_out:
+            if not _ended(compiled):
                 job.fetched = _fetch(sb, job.fetch)
             return
     job.ran = sb.exec(*lang.run_argv(job.memory_limit_mib, job.files), timeout=job.run_timeout, cwd=WORKDIR,
