@@ -3,7 +3,7 @@
 One server for the module, started as a user would (`python -m rollbox serve-fusion`) on a
 free loopback port, on the suite's daemon; its default image (Debian: python3 and bash),
 container isolation. `ROLLBOX_FUSION_TEST_IMAGE=toolchains` runs it on the toolchains image
-(built once per state directory: ~4 minutes here; `make test-fusion-toolchains`), so every
+(built once per state directory: 4-5 minutes here; `make test-fusion-toolchains`), so every
 language's tests run: cpp, go, java, nodejs, rust, pytest beside python and bash. Raw HTTP
 only where the client cannot say it (malformed bodies, a language outside its Literal,
 `memory_limit_MB`, which its RunCodeRequest drops).

@@ -2,7 +2,7 @@
 
 `--image toolchains` is Debian 12 plus one cached layer per toolchain of the language table.
 The first start builds it step by step in gVisor sandboxes with network (measured here, 2
-shared cores: 4 min 6 s, steps of 25-85 s; 2,425 MiB in all, 2,266 MiB beyond the base);
+shared cores: 4 min 6 s, 5 min 12 s under load; 2,425 MiB in all, 2,266 beyond the base);
 every later start finds each step cached (0.1 s) and goes on at once. While a step builds, a
 line says so and another follows every HEARTBEAT_S seconds, so a first start never looks hung.
 """
