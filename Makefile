@@ -67,7 +67,7 @@ test-system: setup
 
 # tests/system/test_fusion.py on `serve-fusion --image toolchains`: every language (cpp, go, java,
 # nodejs, rust, pytest, bash, python). Opt-in: the first run in a test state directory builds the
-# image (4-5 min here, 2.4 GiB; cached after), then the file takes ~90 s.
+# image (4-5 min here, 2.4 GiB; cached after), then the file takes 1.5-2 min.
 test-fusion-toolchains: setup
 	ROLLBOX_FUSION_TEST_IMAGE=toolchains $(VENV)/bin/python -m pytest tests/system/test_fusion.py -q
 
