@@ -17,7 +17,9 @@ import pytest
 
 from rollbox import EpisodeResult, ExecResult, Image, InvalidArgument
 from rollbox.integrations.fusion import FusionBackend, create_app, parse_listen
+from rollbox.integrations.fusion import images
 from rollbox.integrations.fusion import languages as langs
+from rollbox.integrations.fusion import episodes
 from rollbox.integrations.fusion.episodes import (BadRequest, CodeJob, JupyterJob, code_response, command_result,
                                                   decode_files, jupyter_response)
 from rollbox.integrations.fusion.models import (CommandRunStatus, RunCodeRequest, RunCodeResponse, RunJupyterRequest,
@@ -37,6 +39,22 @@ def test_run_argv_with_and_without_a_memory_limit() -> None:
     assert argv[:2] == ["sh", "-c"] and argv[3:] == ["sh", str(64 << 10), "bash", "main.sh"]
     out = subprocess.run([*argv[:5], "sh", "-c", "ulimit -v; ulimit -d"], capture_output=True, text=True)
     assert out.stdout.split() == ["65536", "65536"]
+
+
+def test_commands_name_files_as_sandbox_fusion_does() -> None:
+    cpp, go, java, rust = (langs.LANGUAGES[n] for n in ("cpp", "go", "java", "rust"))
+    assert cpp.compile_argv() == ["g++", "-std=c++17", "main.cpp", "-o", "test", "-lpthread"]
+    assert cpp.run_argv(-1) == ["./test"] and rust.run_argv(-1) == ["./test"] and go.run_argv(-1) == ["./out"]
+    assert go.compile_argv() == ["go", "build", "-o", "out", "main.go"] and rust.compile_argv()[-2:] == ["-o", "test"]
+    assert langs.LANGUAGES["python"].compile_argv({"a.jar": b""}) is None
+    # Java: class Main on a classpath of "." and the request's jars, assertions on (`java -ea`).
+    files = {"lib/b.jar": b"", "a.jar": b"", "notes.txt": b""}
+    javac, run = java.compile_argv(files), java.run_argv(-1, files)
+    assert javac[:3] == ["javac", "-cp", ".:a.jar:lib/b.jar"] and javac[-1] == "Main.java"
+    assert run[:3] == ["java", "-cp", ".:a.jar:lib/b.jar"] and "-ea" in run and run[-1] == "Main"
+    assert java.run_argv(-1)[:3] == ["java", "-cp", "."]
+    limited = java.run_argv(256, files)
+    assert limited[:2] == ["sh", "-c"] and limited[5:8] == ["java", "-cp", ".:a.jar:lib/b.jar"]
 
 
 def test_installed_reads_the_probe() -> None:
@@ -252,3 +270,80 @@ def test_parse_listen() -> None:
     for bad in ("8080", "host:", "host:0", "host:99999", "host:http"):
         with pytest.raises(InvalidArgument):
             parse_listen(bad)
+
+
+def test_image_build_shows_progress_and_reuses_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each step is named as it ends; one still building after ANNOUNCE_AFTER_S is announced
+    and then reported every HEARTBEAT_S; an all-cached build says so."""
+    img = images.toolchains_image()
+    assert [images.describe_step(s) for s in img.steps] == [f"apt-get install {p}" for p in images.TOOLCHAIN_PACKAGES]
+    built: set[int] = set()
+
+    def fake_build(self: Image, client: object = None) -> dict[str, Any]:
+        k = len(self.steps)
+        cached = k in built or k != 2
+        if not cached:
+            import time
+            time.sleep(0.35)
+        built.add(k)
+        return {"image_id": f"im-{k}", "steps": [{"cached": cached, "seconds": 0.0 if cached else 0.35}]}
+
+    monkeypatch.setattr(Image, "build_report", fake_build)
+    monkeypatch.setattr(images, "ANNOUNCE_AFTER_S", 0.05)
+    monkeypatch.setattr(images, "HEARTBEAT_S", 0.1)
+    monkeypatch.setattr(images, "_total_mib", lambda image_id: 2048.0)
+    lines: list[str] = []
+    assert images.build_image(img, lines.append).image_id == "im-6"
+    step2 = [line for line in lines if "step 2/6" in line]
+    assert "building (not cached" in step2[0] and any("still building" in line for line in step2)
+    assert step2[-1].endswith("apt-get install g++): built in 0.3 s")
+    assert "step 1/6 (apt-get install python3-pytest): cached" in lines[0]
+    assert "im-6 built in" in lines[-1] and "(1 of 6 steps), 2048 MiB in all" in lines[-1]
+    lines.clear()
+    images.build_image(img, lines.append)  # the second start: every step cached, no waiting lines
+    assert len(lines) == 7 and all(": cached" in line for line in lines[:6]) and "every step cached" in lines[-1]
+    assert images.build_image(Image.debian(), lines.append).image_id == Image.debian().image_id
+
+
+class _ScriptedSandbox:
+    """Answers each exec with the next scripted ExecResult and records the calls (the episode
+    function's view of a sandbox: exec and fs.write_file)."""
+
+    def __init__(self, results: list[ExecResult]) -> None:
+        self.results, self.calls, self.written = results, [], {}
+        self.fs = self
+
+    def write_file(self, path: str, data: bytes) -> None:
+        self.written[path] = data
+
+    def read_file(self, path: str) -> bytes:
+        raise episodes.FileNotFoundInSandbox(path)
+
+    def exec(self, *argv: str, **kw: Any) -> ExecResult:
+        self.calls.append((argv, kw.get("env")))
+        return self.results.pop(0)
+
+
+def test_a_compile_that_could_not_start_a_thread_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(episodes, "COMPILE_RETRY_DELAY_S", 0.0)
+    eagain = ExecResult(exit_code=2, stderr=b"runtime/cgo: pthread_create failed: Resource temporarily unavailable\n")
+    go = langs.LANGUAGES["go"]
+    job = CodeJob(language=go, code=b"package main", files={}, fetch=[], stdin=None, compile_timeout=10,
+                  run_timeout=10, memory_limit_mib=-1)
+    sb = _ScriptedSandbox([eagain, ExecResult(exit_code=0), ExecResult(exit_code=0, stdout=b"42\n")])
+    episodes.run_code_episode(sb, job)  # type: ignore[arg-type]
+    assert [argv[0] for argv, _ in sb.calls] == ["go", "go", "./out"]
+    assert sb.calls[0][1]["GOMAXPROCS"] == "1" and "GOMAXPROCS" not in sb.calls[2][1]  # the program keeps its CPUs
+    assert code_response(job, EpisodeResult(index=0, status="ok", sandbox_id="sb-1")).status == RunStatus.Success
+    # At most COMPILE_ATTEMPTS; then the compiler's own failure is the answer.
+    sb = _ScriptedSandbox([eagain] * episodes.COMPILE_ATTEMPTS)
+    episodes.run_code_episode(sb, job)  # type: ignore[arg-type]
+    assert len(sb.calls) == episodes.COMPILE_ATTEMPTS and job.ran is None
+    resp = code_response(job, EpisodeResult(index=0, status="ok", sandbox_id="sb-1"))
+    assert resp.status == RunStatus.Failed and "pthread_create" in resp.compile_result.stderr
+    # An ordinary compile error is answered at once, never retried.
+    sb = _ScriptedSandbox([ExecResult(exit_code=1, stderr=b"./main.go:1: undefined: x\n")])
+    episodes.run_code_episode(sb, job)  # type: ignore[arg-type]
+    assert len(sb.calls) == 1
+    assert not langs.transient_compile_failure(None, b"pthread_create failed: Resource temporarily unavailable")
+    assert langs.transient_compile_failure(1, b"java.lang.OutOfMemoryError: unable to create native thread")

@@ -8,11 +8,12 @@ running every request in a fresh rollbox episode from one warm snapshot:
     serve(backend, "127.0.0.1:8080")        # or create_app(backend) for your own ASGI server
 
 Modules: `models` (the wire format), `languages` (the language table and toolchain probe),
-`episodes` (what a request does in its episode, and its response), `backend` (snapshot and
-pool), `app` (FastAPI routes and `serve`).
+`episodes` (what a request does in its episode, and its response), `images` (`--image`, and
+building it with progress shown), `backend` (snapshot and pool), `app` (FastAPI routes and `serve`).
 """
 
 from .app import create_app, parse_listen, serve
-from .backend import FusionBackend, default_concurrency, image_for
+from .backend import FusionBackend, default_concurrency
+from .images import image_for, toolchains_image
 
-__all__ = ["FusionBackend", "create_app", "default_concurrency", "image_for", "parse_listen", "serve"]
+__all__ = ["FusionBackend", "create_app", "default_concurrency", "image_for", "parse_listen", "serve", "toolchains_image"]

@@ -30,52 +30,19 @@ from rollbox.types import EpisodeResult
 from rollbox.sdk.pool import ISOLATIONS
 
 from . import languages as langs
+from .images import build_image
 from .episodes import (BadRequest, CodeJob, JupyterJob, code_response, decode_files, jupyter_episode, jupyter_response,
                        run_code_episode, sandbox_error)
 from .models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse, RunStatus
 
 SCRIPTS = ("limited.py", "kernel.py")
-# The `--image toolchains` preset: Debian 12 with every toolchain of the language table, one
-# cached layer per toolchain (so a build shows progress, and a failed one names its step).
-TOOLCHAIN_PACKAGES = ("python3-pytest", "g++", "golang-go", "default-jdk-headless", "nodejs", "rustc")
 WARM_IMPORTS = "import json, math, re, collections, itertools, functools, heapq, bisect, string, random, typing"
 SETUP_TIMEOUT_S = 300.0
 
 
-def toolchains_image() -> Image:
-    img = Image.debian()
-    for pkg in TOOLCHAIN_PACKAGES:
-        img = img.apt_install(pkg)
-    return img
-
-
-def image_for(spec: str) -> Image:
-    """`--image`: "debian" (the default base: python3 and bash), "toolchains" (the base plus
-    g++, Go, Java, Node.js, Rust and pytest), a stored image id ("im-...") or a registry
-    reference ("python:3.11-slim")."""
-    if spec in ("", "debian"):
-        return Image.debian()
-    if spec == "toolchains":
-        return toolchains_image()
-    if spec.startswith("im-"):
-        return Image.from_id(spec)
-    return Image.from_registry(spec)
-
-
-def build_image(image: Image, log: Callable[[str], None]) -> Image:
-    """Builds the image step by step (each step a cached layer: only the first use builds),
-    logging each step; returns it as a stored image."""
-    if not image.needs_build:
-        return image
-    prefixes = [Image(image.image_id, image.base, image.steps[:k]) for k in range(1, len(image.steps) + 1)] or [image]
-    image_id = ""
-    for k, prefix in enumerate(prefixes, 1):
-        rep = prefix.build_report()
-        image_id = str(rep["image_id"])
-        step = rep["steps"][-1] if rep["steps"] else {"cached": True, "seconds": 0.0, "step": "base"}
-        log(f"  image step {k}/{len(prefixes)}: {'cached' if step['cached'] else 'built'} "
-            f"({step['seconds']:.1f} s) {str(step['step'])[:100]}")
-    return Image.from_id(image_id)
+def say(line: str) -> None:
+    """Start-up progress to stdout, flushed: a log file or pipe shows each line as it happens."""
+    print(line, flush=True)
 
 
 def _script(name: str) -> bytes:
@@ -104,7 +71,7 @@ def prepare_snapshot(image: Image, *, memory_mib: int, cpu: float,
             log(f"  warming {lang.name} ({' '.join(lang.compile)})")
             warm = f"/tmp/rollbox-warm-{lang.name}"
             sb.fs.write_file(f"{warm}/{lang.source}", lang.hello)
-            r = sb.exec(*lang.compile, timeout=SETUP_TIMEOUT_S, cwd=warm, env=lang.env)
+            r = sb.exec(*lang.compile, timeout=SETUP_TIMEOUT_S, cwd=warm, env=lang.compiler_env())
             if r.exit_code != 0:
                 found[lang.name] = f"its hello-world did not compile: {r.stderr[-300:].decode(errors='replace')}"
             sb.exec("rm", "-rf", warm, timeout=60)
@@ -131,7 +98,7 @@ class FusionBackend:
     """
 
     def __init__(self, image: Image, *, isolation: str = "container", concurrency: int = 8,
-                 memory_mib: int = 1024, cpu: float = 1.0, log: Callable[[str], None] = print) -> None:
+                 memory_mib: int = 1024, cpu: float = 1.0, log: Callable[[str], None] = say) -> None:
         if isolation not in ISOLATIONS:
             raise InvalidArgument(f"isolation={isolation!r} must be one of {', '.join(ISOLATIONS)}")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:

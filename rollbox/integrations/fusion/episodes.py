@@ -13,6 +13,7 @@ import base64
 import binascii
 import json
 import posixpath
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from rollbox.errors import FileNotFoundInSandbox, InvalidArgument
 from rollbox.sdk.sandbox import SandboxInstance
 from rollbox.types import EpisodeResult, ExecResult
 
-from .languages import KERNEL, WORKDIR, Language
+from .languages import KERNEL, WORKDIR, Language, transient_compile_failure
 from .models import CellRunResult, CommandRunResult, CommandRunStatus, RunCodeResponse, RunJupyterResponse, RunStatus
 
 # Seconds an episode may take beyond its commands' own timeouts (writing and fetching files).
@@ -28,6 +29,10 @@ EPISODE_SLACK_S = 60.0
 # SandboxFusion gives the jupyter driver this much beyond total_timeout.
 JUPYTER_DRIVER_SLACK_S = 10.0
 SIGKILL_STATUS = 137  # 128 + SIGKILL: what a shell reports for a program killed that way
+# A compile that could not start a thread (the pooled sandbox's task limit was full for a
+# moment) is run again, up to this many times in all, this long apart.
+COMPILE_ATTEMPTS = 3
+COMPILE_RETRY_DELAY_S = 0.5
 
 
 class BadRequest(ValueError):
@@ -102,14 +107,21 @@ def run_code_episode(sb: SandboxInstance, job: CodeJob) -> None:
     lang = job.language
     _put_files(sb, job.files)
     sb.fs.write_file(_in_workdir(lang.source), job.code)
-    if lang.compile is not None:
-        job.compiled = sb.exec(*lang.compile, timeout=job.compile_timeout, cwd=WORKDIR, env=lang.env)
-        if job.compiled.exit_code != 0:
-            if not _ended(job.compiled):
+    compile_argv = lang.compile_argv(job.files)
+    if compile_argv is not None:
+        for attempt in range(COMPILE_ATTEMPTS):
+            if attempt:
+                time.sleep(COMPILE_RETRY_DELAY_S)  # the neighbour's tasks come and go
+            compiled = sb.exec(*compile_argv, timeout=job.compile_timeout, cwd=WORKDIR, env=lang.compiler_env())
+            job.compiled = compiled
+            if not transient_compile_failure(compiled.exit_code, compiled.stdout + compiled.stderr):
+                break
+        if compiled.exit_code != 0 or compiled.timed_out:
+            if not _ended(compiled):
                 job.fetched = _fetch(sb, job.fetch)
             return
-    job.ran = sb.exec(*lang.run_argv(job.memory_limit_mib), timeout=job.run_timeout, cwd=WORKDIR, env=lang.env,
-                      stdin=job.stdin)
+    job.ran = sb.exec(*lang.run_argv(job.memory_limit_mib, job.files), timeout=job.run_timeout, cwd=WORKDIR,
+                      env=lang.env, stdin=job.stdin)
     if not _ended(job.ran):
         job.fetched = _fetch(sb, job.fetch)
 
