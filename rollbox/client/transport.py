@@ -8,6 +8,7 @@ outlive the client process.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json as _json
 import os
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -175,6 +177,53 @@ class Client:
         if resp.status_code >= 400:
             raise self._error(resp.status_code, {"message": resp.text[:500]}, f"GET {path}")
         return resp.text
+
+    def _raise_for(self, resp: httpx.Response, what: str) -> None:
+        if resp.status_code < 400:
+            return
+        try:
+            body = _json.loads(resp.read())
+        except ValueError:
+            body = {"message": resp.text[:500]}
+        if resp.status_code == 422:
+            raise errors.InvalidArgument(f"invalid request to {what}: {body.get('detail', body)}")
+        raise self._error(resp.status_code, body, what)
+
+    def send_raw(self, method: str, path: str, content: bytes | Iterator[bytes],
+                 params: dict[str, Any] | None = None) -> Any:
+        """Sends `content` (bytes, or an iterator of chunks, streamed) as the raw request body;
+        returns the decoded JSON answer or raises the daemon's typed error. Not resent after a
+        lost connection (a stream cannot be replayed): that is DaemonUnavailable."""
+        self.ensure_daemon()
+        try:
+            resp = self._http.request(method, path, content=content, params=params,
+                                      headers={"content-type": "application/octet-stream"})
+        except httpx.TransportError as e:
+            raise errors.DaemonUnavailable(f"lost the rollbox daemon at {self.base_url} during {method} {path}: {e}; "
+                                           f"see {self.paths.daemon_log}") from e
+        self._raise_for(resp, f"{method} {path}")
+        return resp.json()
+
+    @contextlib.contextmanager
+    def stream_raw(self, path: str, params: dict[str, Any] | None = None) -> Iterator[tuple[httpx.Response,
+                                                                                          Iterator[bytes]]]:
+        """GET whose raw answer body is read in chunks: yields (response, chunks). Raises the
+        daemon's typed error before any chunk, DaemonUnavailable if the answer is cut short."""
+        self.ensure_daemon()
+        try:
+            with self._http.stream("GET", path, params=params) as resp:
+                self._raise_for(resp, f"GET {path}")
+
+                def chunks() -> Iterator[bytes]:
+                    try:
+                        yield from resp.iter_bytes()
+                    except httpx.TransportError as e:
+                        raise errors.DaemonUnavailable(f"the answer to GET {path} was cut short: {e}; the daemon or "
+                                                       f"the sandbox stopped (see {self.paths.daemon_log})") from e
+                yield resp, chunks()
+        except httpx.TransportError as e:
+            raise errors.DaemonUnavailable(f"lost the rollbox daemon at {self.base_url} during GET {path}: {e}; "
+                                           f"see {self.paths.daemon_log}") from e
 
     def _error(self, status: int, body: Any, what: str) -> errors.RollboxError:
         """The typed error of a failed answer. A 5xx without rollbox's error form did not come

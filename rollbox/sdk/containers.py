@@ -32,6 +32,7 @@ class ContainerInstance(SandboxInstance):
         super().__init__(sandbox_id, pool.client)
         self.container_id = container_id
         self._pool = pool
+        self._streams_files = False
 
     def __repr__(self) -> str:
         return f"ContainerInstance({self.sandbox_id!r}, {self.container_id!r})"

@@ -15,6 +15,7 @@ import re
 import stat
 import threading
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 from .. import errors
@@ -180,7 +181,20 @@ class Sandbox:
         return SandboxInstance(sandbox_id, c, info)
 
 
-MAX_TRANSFER_BYTES = 64 * 1024 * 1024  # the agent's per-file read limit
+CHUNK = 1 << 20  # bytes per chunk of a streamed upload/download (the daemon relays 4 MiB parts)
+
+
+def _utf8(path: str) -> bool:
+    """Whether `path` can travel in a URL (streamed routes); surrogate-escaped (non-UTF-8)
+    names (and anything that is no plausible path: the JSON routes answer those with typed
+    errors) take the JSON routes, whose body carries them."""
+    if not isinstance(path, str) or len(path) > 4096:  # PATH_MAX
+        return False
+    try:
+        path.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -197,15 +211,27 @@ class SandboxFileSystem:
     def __init__(self, sb: "SandboxInstance") -> None:
         self._sb = sb
 
+    def _content(self) -> str:
+        return f"/sandboxes/{self._sb.sandbox_id}/files/content"
+
     @synchronized
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
-        """Writes `data` (str is UTF-8 encoded) to absolute `path`, creating parent dirs."""
+        """Writes `data` (str is UTF-8 encoded) to absolute `path`, creating parent dirs; the
+        file appears whole or not at all. Streamed as a raw body: any size the sandbox's disk
+        holds (ENOSPC inside is an error, nothing is left)."""
         raw = data.encode() if isinstance(data, str) else data
+        if self._sb._streams_files and _utf8(path):
+            self._sb._client.send_raw("PUT", self._content(), raw, params={"path": path, "mode": mode})
+            return
         self._sb._call("POST", "files/write", {"path": path, "data": base64.b64encode(raw).decode(), "mode": mode})
 
     @synchronized
     def read_file(self, path: str) -> bytes:
-        """Returns the file's bytes (up to 64 MiB). Raises FileNotFoundInSandbox."""
+        """Returns the file's bytes (streamed: any size; episode containers and non-UTF-8
+        names: up to 64 MiB). Raises FileNotFoundInSandbox."""
+        if self._sb._streams_files and _utf8(path):
+            with self._sb._client.stream_raw(self._content(), params={"path": path}) as (_resp, chunks):
+                return b"".join(chunks)
         r = self._sb._call("POST", "files/read", {"path": path})
         return base64.b64decode(r["data"])
 
@@ -223,35 +249,51 @@ class SandboxFileSystem:
 
     @synchronized
     def upload_file(self, local_path: str | os.PathLike[str], sandbox_path: str, mode: int | None = None) -> None:
-        """Copies a file of this machine into the sandbox at absolute `sandbox_path` (up to
-        64 MiB; mode: the local file's permission bits unless given). Raises InvalidArgument
-        (not a regular file, too large), FileNotFoundError (no such local file)."""
+        """Copies a file of this machine into the sandbox at absolute `sandbox_path`, streamed
+        (any size; the file appears whole or not at all; mode: the local file's permission bits
+        unless given). Raises InvalidArgument (not a regular file), FileNotFoundError (no such
+        local file)."""
         st = os.stat(local_path)
         if not stat.S_ISREG(st.st_mode):
             raise errors.InvalidArgument(f"upload_file: {local_path} is not a regular file")
-        if st.st_size > MAX_TRANSFER_BYTES:
-            raise errors.InvalidArgument(f"upload_file: {local_path} is {st.st_size} bytes, over the "
-                                  f"{MAX_TRANSFER_BYTES >> 20} MiB limit; use a Volume for large files")
-        with open(local_path, "rb") as f:
-            self.write_file(sandbox_path, f.read(), stat.S_IMODE(st.st_mode) if mode is None else mode)
+        bits = stat.S_IMODE(st.st_mode) if mode is None else mode
+        if not self._sb._streams_files or not _utf8(sandbox_path):
+            with open(local_path, "rb") as f:
+                self.write_file(sandbox_path, f.read(), bits)
+            return
+
+        def chunks() -> Iterator[bytes]:
+            with open(local_path, "rb") as f:
+                while block := f.read(CHUNK):
+                    yield block
+        self._sb._client.send_raw("PUT", self._content(), chunks(), params={"path": sandbox_path, "mode": bits})
 
     @synchronized
     def download_file(self, sandbox_path: str, local_path: str | os.PathLike[str]) -> int:
         """Copies the sandbox's file at absolute `sandbox_path` to `local_path` on this machine
         (written whole or not at all); returns its size in bytes. Paths and symlinks are resolved
         inside the sandbox: a link to /etc/passwd gives the sandbox's, never the host's.
-        Raises FileNotFoundInSandbox, InvalidArgument (not a regular file, over 64 MiB)."""
-        data = self.read_file(sandbox_path)
+        Streamed: any size, never held in memory whole. Raises FileNotFoundInSandbox,
+        InvalidArgument (not a regular file), DaemonUnavailable (the transfer was cut short)."""
         tmp = f"{os.fspath(local_path)}.rollbox-partial"
+        size = 0
         try:
             with open(tmp, "wb") as f:
-                f.write(data)
+                if not self._sb._streams_files or not _utf8(sandbox_path):
+                    data = self.read_file(sandbox_path)
+                    f.write(data)
+                    size = len(data)
+                else:
+                    with self._sb._client.stream_raw(self._content(), params={"path": sandbox_path}) as (_r, chunks):
+                        for block in chunks:
+                            f.write(block)
+                            size += len(block)
             os.replace(tmp, local_path)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        return len(data)
+        return size
 
 
 class SandboxDocker:
@@ -286,6 +328,7 @@ class SandboxInstance:
         self._client = client
         self._info = info
         self.fs = SandboxFileSystem(self)
+        self._streams_files = True  # the streamed file routes (an episode container has only the JSON ones)
         self.docker = SandboxDocker(self)
         self.terminated = False
         # Set by exec results; SandboxPool reads them to classify an episode.

@@ -22,6 +22,7 @@ from .. import errors
 from ..version import __version__
 from . import autopause
 from .episode_routes import add_episode_routes
+from .file_routes import add_file_routes
 from .leases import Leases, add_lease_routes
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .service import SandboxService
@@ -213,6 +214,7 @@ def create_app(service: SandboxService) -> FastAPI:
     app.add_middleware(TypedServerErrors, stopping=lambda: bool(app.state.stopping))
     add_episode_routes(app, service, ExecRequest, WriteFile, PathRequest)
     add_lease_routes(app, Leases(service))
+    add_file_routes(app, service)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

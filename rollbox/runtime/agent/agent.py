@@ -409,6 +409,8 @@ def _spawn_failure(code, message, start):
 
 def op_write_file(req):
     path = req["path"]
+    if req.get("upload") is not None:
+        return _write_part(req)
     parent = os.path.dirname(path)
     if parent:
         os.makedirs(parent, exist_ok=True)
@@ -421,6 +423,39 @@ def op_write_file(req):
     return {"size": len(data)}
 
 
+def _write_part(req):
+    """One part of a streamed upload (the daemon's PUT .../files/content): part 0 creates the
+    hidden temporary file, later parts append, the last one sets the mode and renames it over
+    `path` (the file appears whole or not at all); `abort` removes it."""
+    path = req["path"]
+    tmp = "%s.rollbox-upload-%s" % (path, req["upload"])
+    if req.get("abort"):
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return {"size": 0}
+    data = base64.b64decode(req.get("data") or "")
+    part = int(req.get("part") or 0)
+    try:
+        if part == 0:
+            parent = os.path.dirname(path)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+        with open(tmp, "wb" if part == 0 else "ab") as f:
+            f.write(data)
+        if req.get("last"):
+            os.chmod(tmp, int(req.get("mode") or 0o644))
+            os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return {"size": len(data)}
+
+
 def _abs(path):
     if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
         raise ValueError("path %r must be absolute, e.g. /work/a.py" % (path,))
@@ -430,6 +465,7 @@ def _abs(path):
 def op_read_file(req):
     path = _abs(req["path"])
     limit = int(req.get("max_bytes") or (64 * 1024 * 1024))
+    ranged = req.get("offset") is not None  # a streamed download: one range, no size limit
     # Regular files only: reading a FIFO, a device or /proc/self/fd/0 (our own channel!)
     # could block forever or never end.
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -439,6 +475,10 @@ def op_read_file(req):
             raise IsADirectoryError("%s is a directory" % path)
         if not stat.S_ISREG(st.st_mode):
             raise ValueError("%s is not a regular file" % path)
+        if ranged:
+            os.set_blocking(fd, True)
+            data = os.pread(fd, int(req.get("length") or (4 << 20)), int(req["offset"]))
+            return {"data": base64.b64encode(data).decode(), "size": st.st_size}
         if st.st_size > limit:
             raise ValueError("file %s is %d bytes, over the %d-byte read limit" % (path, st.st_size, limit))
         os.set_blocking(fd, True)

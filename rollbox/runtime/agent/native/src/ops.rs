@@ -524,6 +524,9 @@ pub fn op_write_file(req: &Value) -> OpResult {
     if path.contains(&0) {
         return Err(OpError::invalid("embedded null byte"));
     }
+    if let Some(token) = opt_bytes(req, "upload")? {
+        return write_part(req, &path, token);
+    }
     let dir = parent(&path);
     if !dir.is_empty() {
         fs::create_dir_all(os(dir)).map_err(|e| OpError::io(e, dir))?;
@@ -558,6 +561,58 @@ pub fn op_write_file(req: &Value) -> OpResult {
     Ok(ObjBuilder::new().with("size", Value::Int(data.len() as i64)))
 }
 
+/// One part of a streamed upload (the daemon's PUT .../files/content): part 0 creates the
+/// hidden temporary file, later parts append, the last one sets the mode and renames it over
+/// `path` (the file appears whole or not at all); `abort` removes it. As agent.py's _write_part.
+fn write_part(req: &Value, path: &[u8], token: &[u8]) -> OpResult {
+    if !token.iter().all(|c| c.is_ascii_alphanumeric()) {
+        return Err(OpError::invalid("upload token must be alphanumeric"));
+    }
+    let mut tmp = path.to_vec();
+    tmp.extend_from_slice(b".rollbox-upload-");
+    tmp.extend_from_slice(token);
+    if req.get_truthy("abort").is_some() {
+        let _ = fs::remove_file(os(&tmp));
+        return Ok(ObjBuilder::new().with("size", Value::Int(0)));
+    }
+    let data = match req.get("data") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Str(s)) => b64::decode(s).map_err(OpError::invalid)?,
+        Some(_) => return Err(OpError::bad("TypeError: data must be a base64 string")),
+    };
+    let part = match req.get_truthy("part") {
+        None => 0,
+        Some(v) => v.as_f64().ok_or_else(|| OpError::bad("TypeError: part must be an integer"))? as u64,
+    };
+    let mode = match req.get_truthy("mode") {
+        None => 0o644,
+        Some(v) => v.as_f64().ok_or_else(|| OpError::bad("TypeError: mode must be an integer"))? as u32,
+    };
+    let last = req.get_truthy("last").is_some();
+    let result = (|| -> Result<(), OpError> {
+        if part == 0 {
+            let dir = parent(path);
+            if !dir.is_empty() {
+                fs::create_dir_all(os(dir)).map_err(|e| OpError::io(e, dir))?;
+            }
+        }
+        let mut f = fs::OpenOptions::new().write(true).create(true).truncate(part == 0).append(part != 0)
+            .mode(0o666).open(os(&tmp)).map_err(|e| OpError::io(e, &tmp))?;
+        f.write_all(&data).map_err(|e| OpError::io(e, &tmp))?;
+        drop(f);
+        if last {
+            fs::set_permissions(os(&tmp), fs::Permissions::from_mode(mode)).map_err(|e| OpError::io(e, &tmp))?;
+            fs::rename(os(&tmp), os(path)).map_err(|e| OpError::io(e, path))?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(os(&tmp));
+    }
+    result?;
+    Ok(ObjBuilder::new().with("size", Value::Int(data.len() as i64)))
+}
+
 pub fn op_read_file(req: &Value) -> OpResult {
     let path = path_arg(req)?;
     let limit = match req.get_truthy("max_bytes") {
@@ -575,6 +630,31 @@ pub fn op_read_file(req: &Value) -> OpResult {
     }
     if !st.is_file() {
         return Err(OpError::invalid(format!("{} is not a regular file", p)));
+    }
+    if let Some(off) = req.get_truthy("offset").or_else(|| match req.get("offset") {
+        Some(v @ Value::Int(0)) => Some(v),
+        _ => None,
+    }) {
+        // A streamed download: one range, no size limit.
+        let off = off.as_f64().ok_or_else(|| OpError::bad("TypeError: offset must be an integer"))?.max(0.0) as u64;
+        let len = match req.get_truthy("length") {
+            None => 4 << 20,
+            Some(v) => v.as_f64().ok_or_else(|| OpError::bad("TypeError: length must be an integer"))?.max(0.0) as usize,
+        };
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::FileExt;
+        sys::set_nonblocking(f.as_raw_fd(), false);
+        let mut buf = vec![0u8; len];
+        let mut got = 0;
+        while got < len {
+            let n = f.read_at(&mut buf[got..], off + got as u64).map_err(|e| OpError::io(e, &path))?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        buf.truncate(got);
+        return Ok(ObjBuilder::new().with("data", Value::Str(b64::encode(&buf))).with("size", Value::Int(st.len() as i64)));
     }
     if st.len() > limit {
         return Err(OpError::invalid(format!("file {} is {} bytes, over the {}-byte read limit", p, st.len(), limit)));
