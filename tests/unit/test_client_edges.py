@@ -3,7 +3,6 @@ whose local write fails leaving nothing behind."""
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 
 import httpx
@@ -30,8 +29,10 @@ def test_a_2xx_that_is_not_json_is_an_api_error(tmp_path: Path) -> None:
 
 def test_download_file_leaves_no_partial_file_when_the_write_fails(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    payload = base64.b64encode(b"x" * 1000).decode()
-    c = _client(tmp_path, lambda req: httpx.Response(200, json={"data": payload}))
+    def handler(req: httpx.Request) -> httpx.Response:  # the streamed route answers raw bytes
+        assert req.url.path.endswith("/files/content")
+        return httpx.Response(200, content=b"x" * 1000)
+    c = _client(tmp_path, handler)
     sb = SandboxInstance("sb-" + "0" * 24, c)
     out = tmp_path / "dl" / "file.bin"
     out.parent.mkdir()
