@@ -130,8 +130,16 @@ pub fn launch(l: &Launch) -> io::Result<sys::pid_t> {
     let envp = ptrs(&l.env);
     match l.creds {
         None => spawn(l, &argv, &envp),
-        Some((uid, gid)) => fork_exec(l, &argv, &envp, uid, gid),
+        Some(creds) => fork_exec(l, &argv, &envp, Some(creds), false),
     }
+}
+
+/// Like `launch`, but fd 0 (a pty slave) becomes the new session's controlling terminal
+/// (TIOCSCTTY after setsid): posix_spawn cannot do that, so this always forks.
+pub fn launch_tty(l: &Launch) -> io::Result<sys::pid_t> {
+    let argv = ptrs(&l.argv);
+    let envp = ptrs(&l.env);
+    fork_exec(l, &argv, &envp, l.creds, true)
 }
 
 fn spawn(l: &Launch, argv: &[*const c_char], envp: &[*const c_char]) -> io::Result<sys::pid_t> {
@@ -170,7 +178,8 @@ fn spawn(l: &Launch, argv: &[*const c_char], envp: &[*const c_char]) -> io::Resu
     }
 }
 
-fn fork_exec(l: &Launch, argv: &[*const c_char], envp: &[*const c_char], uid: u32, gid: u32) -> io::Result<sys::pid_t> {
+fn fork_exec(l: &Launch, argv: &[*const c_char], envp: &[*const c_char], creds: Option<(u32, u32)>, ctty: bool)
+              -> io::Result<sys::pid_t> {
     let (rp, wp) = sys::pipe()?;
     let rp = sys::Fd(rp);
     let mut wp = sys::Fd(wp);
@@ -202,11 +211,16 @@ fn fork_exec(l: &Launch, argv: &[*const c_char], envp: &[*const c_char], uid: u3
             if fd0 < 0 || sys::dup2(fd0, 0) < 0 || sys::dup2(l.stdout, 1) < 0 || sys::dup2(l.stderr, 2) < 0 {
                 fail(wp.0);
             }
+            if ctty && sys::ioctl(0, sys::TIOCSCTTY, 0 as c_int) != 0 {
+                fail(wp.0);
+            }
             if sys::chdir(l.cwd.as_ptr()) != 0 {
                 fail(wp.0);
             }
-            if sys::setgroups(0, ptr::null()) != 0 || sys::setgid(gid) != 0 || sys::setuid(uid) != 0 {
-                fail(wp.0);
+            if let Some((uid, gid)) = creds {
+                if sys::setgroups(0, ptr::null()) != 0 || sys::setgid(gid) != 0 || sys::setuid(uid) != 0 {
+                    fail(wp.0);
+                }
             }
             sys::execve(l.path.as_ptr(), argv.as_ptr(), envp.as_ptr());
             fail(wp.0);
@@ -249,15 +263,22 @@ pub fn marked_pids(needle: &[u8]) -> Vec<sys::pid_t> {
 /// SIGKILLs the exec's process group and every process carrying its mark, until none is left.
 /// Returns how many processes the exec had when the kill began.
 pub fn kill_tree(pid: sys::pid_t, needle: &[u8]) -> usize {
+    signal_tree(pid, needle, sys::SIGKILL)
+}
+
+/// Sends `sig` to the process group and every process carrying the mark. SIGKILL repeats
+/// until none is left (a dying tree may still fork); any other signal is sent once, since
+/// the tree may handle it and live on. Returns how many processes were signalled first.
+pub fn signal_tree(pid: sys::pid_t, needle: &[u8], sig: c_int) -> usize {
     let mut first: Option<usize> = None;
     for _ in 0..50 {
-        unsafe { sys::kill(-pid, sys::SIGKILL) };
+        unsafe { sys::kill(-pid, sig) };
         let pids = marked_pids(needle);
         first.get_or_insert(pids.len());
         for p in &pids {
-            unsafe { sys::kill(*p, sys::SIGKILL) };
+            unsafe { sys::kill(*p, sig) };
         }
-        if pids.is_empty() {
+        if pids.is_empty() || sig != sys::SIGKILL {
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -301,7 +322,7 @@ pub fn resolve_user(user: &[u8]) -> Result<Option<(u32, u32)>, String> {
         let gid = entry(&|f| f[2] == name || f[2].parse::<u32>().ok() == Some(uid)).map(|e| e.1).unwrap_or(uid);
         (uid, gid)
     } else {
-        entry(&|f| f[0] == name).ok_or_else(|| format!("user '{}' is not in the image's /etc/passwd", name))?
+        entry(&|f| f[0] == name).ok_or_else(|| format!("unable to find user {}: no matching entries in passwd file", name))?
     };
     if !group.is_empty() {
         if is_num(&group) {
