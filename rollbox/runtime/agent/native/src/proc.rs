@@ -272,8 +272,9 @@ pub fn kill_tree(pid: sys::pid_t, needle: &[u8]) -> usize {
 pub fn signal_tree(pid: sys::pid_t, needle: &[u8], sig: c_int) -> usize {
     let mut first: Option<usize> = None;
     for _ in 0..50 {
-        unsafe { sys::kill(-pid, sig) };
+        // Listed before the group is signalled: a killed process's environ reads empty.
         let pids = marked_pids(needle);
+        unsafe { sys::kill(-pid, sig) };
         first.get_or_insert(pids.len());
         for p in &pids {
             unsafe { sys::kill(*p, sig) };
