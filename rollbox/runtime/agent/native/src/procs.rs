@@ -25,6 +25,9 @@ const KEEP_ENDED: usize = 64;
 const FORGET_AFTER_S: f64 = 600.0;
 /// A reader wakes this often to notice an exit while a descendant still holds the pipes.
 const POLL_MS: u64 = 200;
+/// After the main process exits, background children may hold its pipes: stop reading then
+/// (as exec does); they get EPIPE from then on.
+const AFTER_EXIT: Duration = Duration::from_millis(50);
 /// A write to a stdin nobody reads gives up after this long, replying with what it wrote.
 const WRITE_WAIT: Duration = Duration::from_secs(5);
 
@@ -34,7 +37,8 @@ struct State {
     err: Stream,
     status: Option<c_int>,
     ended_at: Option<f64>,
-    /// The process was reaped and its output pipes reached EOF: nothing of it runs on.
+    /// The process was reaped and the reader is done (pipes at EOF, or closed 50 ms after
+    /// the exit): every byte is in the buffers.
     finished: bool,
     timed_out: bool,
     pids_limited: bool,
@@ -79,27 +83,34 @@ impl Table {
         Table { procs: Mutex::new(HashMap::new()) }
     }
 
-    /// The table with ended entries past their keep limits dropped.
+    /// The table with ended entries past their keep limits dropped, what is left of their
+    /// trees killed first: a process gone from the list is gone from the sandbox.
     fn pruned(&self) -> MutexGuard<'_, HashMap<sys::pid_t, Arc<Proc>>> {
         let mut procs = self.procs.lock().unwrap();
         let now = ops::now_unix();
         let mut ended: Vec<(f64, sys::pid_t)> = procs.values()
             .filter_map(|p| {
                 let st = p.state.lock().unwrap();
-                st.finished.then(|| (st.ended_at.unwrap_or(0.0), p.pid))
+                (st.finished || st.status.is_some()).then(|| (st.ended_at.unwrap_or(0.0), p.pid))
             })
             .collect();
         ended.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal));
         for (i, (at, pid)) in ended.into_iter().enumerate() {
             if i >= KEEP_ENDED || now - at > FORGET_AFTER_S {
-                procs.remove(&pid);
+                if let Some(p) = procs.remove(&pid) {
+                    // Reaped: its pid (so its group id) may be reused; only a live mark is ours.
+                    if !proc::marked_pids(&p.needle).is_empty() {
+                        proc::kill_tree(p.pid, &p.needle);
+                    }
+                }
             }
         }
         procs
     }
 
     fn get(&self, req: &Value) -> Result<Arc<Proc>, OpError> {
-        let pid = ops::required(req, "pid")?.as_f64().ok_or_else(|| OpError::bad("TypeError: pid must be an integer"))?;
+        let pid = req.get("pid").and_then(|v| v.as_f64()).ok_or_else(|| OpError::new("process_not_found",
+            format!("pid {} is not a process id", String::from_utf8_lossy(&crate::json::to_vec(req.get("pid").unwrap_or(&Value::Null))))))?;
         self.pruned().get(&(pid as sys::pid_t)).cloned().ok_or_else(|| OpError::new("process_not_found",
             format!("no process with pid {} in this sandbox: it was not started with process.exec, or it ended \
                      more than {} s (or {} ended processes) ago", pid as i64, FORGET_AFTER_S as i64, KEEP_ENDED)))
@@ -141,9 +152,6 @@ pub fn op_start(a: &Agent, req: &Value) -> OpResult {
     let mark = format!("{}-p{}", unsafe { sys::getpid() }, ops::hex(&token));
     let mut env = ops::command_env(a, req)?;
     ops::env_set(&mut env, ops::MARK.as_bytes(), mark.as_bytes());
-    if pty && ops::env_get(&env, b"TERM").is_none() {
-        ops::env_set(&mut env, b"TERM", b"xterm-256color");
-    }
     let argv = ops::str_list(req, "argv")?;
     let what = String::from_utf8_lossy(&argv[0]).to_string();
     let p = match ops::prepare(req, &env) {
@@ -245,8 +253,21 @@ fn pump(s: Started) {
     let p = s.proc;
     let mut fds = s.fds;
     let mut chunk = vec![0u8; 64 << 10];
+    let mut exited_at: Option<Instant> = None;
     loop {
         let status = s.waiter.status();
+        if status.is_some() && exited_at.is_none() {
+            exited_at = Some(Instant::now());
+        }
+        if exited_at.map_or(false, |t| t.elapsed() >= AFTER_EXIT) {
+            // What is buffered still counts; then the read ends close.
+            for (i, fd) in fds.iter_mut().enumerate() {
+                if let Some(f) = *fd {
+                    drain(&p, f, i, &mut chunk);
+                }
+                *fd = None;
+            }
+        }
         let open = fds.iter().any(|f| f.is_some());
         {
             let mut st = p.state.lock().unwrap();
@@ -269,10 +290,13 @@ fn pump(s: Started) {
             }
         }
         let timed_out = p.state.lock().unwrap().timed_out;
-        let wait = match s.deadline {
+        let mut wait = match s.deadline {
             Some(d) if !timed_out => Duration::from_millis(POLL_MS).min(d.saturating_duration_since(Instant::now())),
             _ => Duration::from_millis(POLL_MS),
         };
+        if let Some(t) = exited_at {
+            wait = wait.min(AFTER_EXIT.saturating_sub(t.elapsed()));
+        }
         if !open {
             // Output closed; the exit (or the deadline) is what is left to wait for.
             if s.waiter.wait(Some(if timed_out { Duration::from_secs(5) } else { wait })).is_none() && timed_out {
@@ -326,8 +350,7 @@ fn exit_fields(b: ObjBuilder, st: &State) -> ObjBuilder {
         Some(sig) => Value::Int(sig as i64),
         None => Value::Null,
     };
-    b.with("running", Value::Bool(!st.finished)).with("exit_code", code).with("signal", signal)
-        .with("timed_out", Value::Bool(st.timed_out))
+    b.with("exit_code", code).with("signal", signal).with("timed_out", Value::Bool(st.timed_out))
 }
 
 pub fn op_read(a: &Agent, req: &Value) -> OpResult {
@@ -354,7 +377,9 @@ pub fn op_read(a: &Agent, req: &Value) -> OpResult {
         .with("pid", Value::Int(p.pid as i64))
         .with("stdout", stream_reply(&st.out, off_out, max, st.finished))
         .with("stderr", stream_reply(&st.err, off_err, max, st.finished))
-        .with("pids_limited", Value::Bool(st.pids_limited));
+        .with("pids_limited", Value::Bool(st.pids_limited))
+        // Until every byte is buffered, so a client reading `while running` misses nothing.
+        .with("running", Value::Bool(!st.finished));
     Ok(exit_fields(b, &st))
 }
 
@@ -408,7 +433,10 @@ pub fn op_write(a: &Agent, req: &Value) -> OpResult {
 
 pub fn op_kill(a: &Agent, req: &Value) -> OpResult {
     let p = a.procs.get(req)?;
-    let sig = num(req, "signal", sys::SIGKILL as f64)?;
+    let sig = match req.get_truthy("signal") {
+        None => sys::SIGKILL as f64,
+        Some(_) => num(req, "signal", 9.0)?,
+    };
     if !(1.0..=64.0).contains(&sig) {
         return Err(OpError::invalid(format!("signal must be between 1 and 64, not {}", sig)));
     }
@@ -440,6 +468,8 @@ fn entry(p: &Proc) -> Value {
         .with("cwd", Value::Str(p.cwd.clone()))
         .with("user", p.user.clone())
         .with("pty", Value::Bool(p.master.is_some()))
+        // The main process not yet reaped.
+        .with("running", Value::Bool(st.status.is_none() && !st.finished))
         .with("started_at", Value::Float(p.started_at))
         .with("ended_at", st.ended_at.map(Value::Float).unwrap_or(Value::Null))
         .with("stdout_total", Value::Int(st.out.total() as i64))
