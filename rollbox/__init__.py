@@ -18,7 +18,9 @@ from .errors import (  # noqa: E402
     ImagePullError,
     InvalidArgument,
     InvalidState,
+    NotAPty,
     NotFound,
+    ProcessNotFound,
     ResourceExhausted,
     ResourceUnavailable,
     Unauthorized,
@@ -28,6 +30,7 @@ from .errors import (  # noqa: E402
     SandboxNotFound,
     SandboxTerminated,
     SnapshotNotFound,
+    StdinClosed,
     UnsupportedImage,
     UnsupportedOperation,
     VolumeNotFound,
@@ -36,12 +39,15 @@ from .distributed import init  # noqa: E402
 from .sdk.function import Function, FunctionError, function  # noqa: E402
 from .sdk.image import Image  # noqa: E402
 from .sdk.pool import SandboxPool  # noqa: E402
+from .sdk.process import CodeError, CodeResult, ProcessInfo, SandboxProcess, SandboxProcesses  # noqa: E402
 from .sdk.sandbox import Sandbox, SandboxInstance  # noqa: E402
 from .sdk.volume import Volume  # noqa: E402
 from .types import EpisodeResult, ExecResult, FileEntry, SandboxInfo  # noqa: E402
 
 __all__ = [
     "ApiError",
+    "CodeError",
+    "CodeResult",
     "ContainerNotFound",
     "DaemonUnavailable",
     "EpisodePoolNotFound",
@@ -59,7 +65,10 @@ __all__ = [
     "ImagePullError",
     "InvalidArgument",
     "InvalidState",
+    "NotAPty",
     "NotFound",
+    "ProcessInfo",
+    "ProcessNotFound",
     "ResourceExhausted",
     "ResourceUnavailable",
     "RollboxError",
@@ -70,8 +79,11 @@ __all__ = [
     "SandboxLost",
     "SandboxNotFound",
     "SandboxPool",
+    "SandboxProcess",
+    "SandboxProcesses",
     "SandboxTerminated",
     "SnapshotNotFound",
+    "StdinClosed",
     "Unauthorized",
     "UnsupportedImage",
     "UnsupportedOperation",

@@ -23,6 +23,7 @@ from ..client.transport import Client
 from ..types import ExecResult, FileEntry, SandboxInfo
 from ._aio import synchronized
 from .image import Image
+from .process import SandboxProcesses
 from .volume import Volume
 
 
@@ -263,6 +264,7 @@ class SandboxInstance:
         self._info = info
         self.fs = SandboxFileSystem(self)
         self.docker = SandboxDocker(self)
+        self.process = SandboxProcesses(self)
         self.terminated = False
         # Set by exec results; SandboxPool reads them to classify an episode.
         self.saw_timeout = False
@@ -294,7 +296,7 @@ class SandboxInstance:
     @synchronized
     def exec(self, *args: str, timeout: float | None = None, env: dict[str, str] | None = None,
              cwd: str | None = None, stdin: bytes | str | None = None,
-             max_output: int | None = None) -> ExecResult:
+             max_output: int | None = None, user: str | int | None = None) -> ExecResult:
         """Runs a command (argv, no shell) and waits for it.
 
         Args:
@@ -308,11 +310,15 @@ class SandboxInstance:
             max_output: bytes kept per stream (default 8 MiB; at most 64 MiB); more is
                 drained and dropped, and `truncated=True`. 0 keeps nothing (the byte counts
                 `stdout_bytes`/`stderr_bytes` still say how much there was).
+            user: run as this user of the image (a name, "name:group", or a uid); default:
+                the image's User.
 
         Returns:
             ExecResult. A nonzero exit is not an exception.
 
         Raises:
+            InvalidArgument: an unknown user ("unable to find user NAME: no matching entries in
+                passwd file").
             SandboxTerminated: the sandbox was terminated before. SandboxLost: it died mid-exec
                 for a reason other than memory (memory gives `oom_killed=True`).
         """
@@ -326,7 +332,7 @@ class SandboxInstance:
         if stdin is not None:
             sin = base64.b64encode(stdin.encode() if isinstance(stdin, str) else stdin).decode()
         r = self._call("POST", "exec", {"argv": list(args), "env": env or {}, "cwd": cwd, "stdin": sin,
-                                        "timeout": timeout, "max_output": max_output})
+                                        "timeout": timeout, "max_output": max_output, "user": user})
         res = ExecResult.from_wire(r)
         self.saw_timeout |= res.timed_out
         self.saw_oom |= res.oom_killed
