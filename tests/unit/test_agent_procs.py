@@ -197,3 +197,26 @@ def test_output_is_drained_while_nobody_reads(ag):
         time.sleep(0.05)
     st = ag.request("proc_status", pid=pid)
     assert st["stdout_total"] == 5000000 and st["stderr_total"] == 5
+
+
+def test_no_thread_for_the_reader_fails_the_start_cleanly(monkeypatch):
+    """At the process limit (RLIMIT_NPROC counts threads) the native agent cannot make a
+    process's reader thread: proc_start fails with resource_exhausted and starts nothing."""
+    if os.geteuid() != 0 or not os.access(NATIVE_AGENT_PATH, os.X_OK):
+        pytest.skip("needs root (to run the agent as a fresh uid) and the native agent")
+    import tests.unit.conftest as harness
+
+    uid = 50000 + os.getpid() % 10000  # a uid with no other process: the limit is per user
+    # The idle agent is 7 tasks (main, reaper, 4 pool threads, the zygote launcher).
+    monkeypatch.setattr(harness, "agent_command", lambda kind: [
+        "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "prlimit", "--nproc=7:7",
+        str(NATIVE_AGENT_PATH)])
+    a = AgentProcess("native")
+    try:
+        r = a.request("proc_start", argv=["sh", "-c", "echo started > /dev/null"], env={})
+        assert (r["ok"], r["error"]) == (False, "resource_exhausted"), r
+        assert "process limit" in r["message"]
+        assert a.request("proc_list")["processes"] == []
+        assert a.request("ping")["ok"] is True
+    finally:
+        a.close()

@@ -167,7 +167,7 @@ pub fn op_start(a: &Agent, req: &Value) -> OpResult {
         if let Ok(s) = rx.recv() {
             pump(s)
         }
-    }).map_err(|e| OpError::new("resource_unavailable", format!(
+    }).map_err(|e| OpError::new("resource_exhausted", format!(
         "cannot start ['{}']: the agent could not create its output reader thread ({}): the sandbox is at its \
          process limit; end some processes (or raise pids=) and retry", what, e)))?;
     let io_fail = |e: std::io::Error| OpError::new("agent_error", format!("OSError: {}", e));
