@@ -1,4 +1,4 @@
-"""`rollbox` command line: serve, ps, exec, rm, doctor, demo, image, snapshot, usage, top, bench."""
+"""`rollbox` command line: serve, ps, exec, shell, process, rm, doctor, demo, image, snapshot, usage, top, bench."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import typer
 
 from .. import errors
 from ..config import Paths
+from .shell import process_app, shell
 
 if TYPE_CHECKING:
     from ..client.transport import Client
@@ -29,6 +30,8 @@ app.add_typer(daemon_app, name="daemon")
 app.add_typer(image_app, name="image")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(demo_app, name="demo")
+app.add_typer(process_app, name="process")
+app.command("shell", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(shell)
 
 
 def _client() -> "Client":

@@ -285,3 +285,14 @@ def test_a_process_running_at_snapshot_runs_on_in_every_copy(client: Client) -> 
     finally:
         for s in made:
             s.terminate()
+
+
+def test_rollbox_shell_and_process_ls(sb: SandboxInstance, home: Paths) -> None:
+    cli = [sys.executable, "-m", "rollbox"]
+    r = subprocess.run([*cli, "shell", sb.sandbox_id], input=b"echo hi-$((6*7)); stty size; exit 4\n",
+                       env=_env(home), capture_output=True, timeout=60)
+    assert r.returncode == 4, r.stderr[-2000:]
+    assert b"hi-42" in r.stdout and b"24 80" in r.stdout
+    r = subprocess.run([*cli, "process", "ls", sb.sandbox_id], env=_env(home), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "exited" in r.stdout and "bash -l" in r.stdout, r.stdout + r.stderr
