@@ -17,6 +17,8 @@ What is measured and how (all wall-clock, `time.perf_counter`, one warm-up run d
    again prepared before the clock starts, rollbox's own upper copy and mount are inside it.
 3. Exec round trip of `true` in a warm sandbox (rollbox: agent over FIFOs; raw: `runsc exec`).
    Then exec fan-out (bench/execs.py): `echo 1` 256 at once across 32 sandboxes, execs/s, p50/p99.
+   Then background processes (bench/processes.py): write-to-client latency p50/p99, process start,
+   run_code `1+1` against exec `python3 -c`.
 4. `sb.fork(8)` wall time.
 5. Episodes/s of a trivial episode (`sb.exec("true")`) through `SandboxPool.map` at
    concurrency 1, 4 and 16, pool teardown included. Baseline: one raw runsc
@@ -69,7 +71,7 @@ from rollbox.sdk.pool import SandboxPool
 from rollbox.sdk.sandbox import Sandbox, SandboxInstance, default_client
 from rollbox.server import inventory
 
-from . import execs, scale
+from . import execs, processes, scale
 from .stats import pct
 
 SHARED_HOME = Path("/var/lib/rollbox")
@@ -89,6 +91,7 @@ N_COLD, N_RESTORE, N_EXEC, N_RAW_EXEC, N_RAW_RESTORE, N_RAW_COLD = 10, 20, 100, 
 FORK_N, IDLE_N, IDLE_WAIT_S, IDLE_CPU_WINDOW_S = 8, 8, 2.0, 5.0
 POOL_RUNS: tuple[tuple[int, int], ...] = ((1, 16), (4, 32), (16, 48))  # (concurrency, episodes)
 EXEC_FANOUT = (32, 256, 4000)  # sandboxes, concurrency, execs
+N_PROCS = 40  # samples per figure of the processes section (bench/processes.py)
 RAW_EPISODE_RUNS: tuple[tuple[int, int], ...] = ((1, 12), (4, 16))
 NET_CYCLES = int(os.environ.get("ROLLBOX_BENCH_NET_CYCLES", "1000"))
 # Tier rows (bench/scale.py): (concurrency, episodes) per run; TIER_POOL_RUNS for the gVisor tiers.
@@ -616,6 +619,7 @@ def build_results(m: dict[str, Any]) -> dict[str, Any]:
         "net_cold_extra_ms": r(pct(m["net_cold"], .5) - pct(m["cold_pair"], .5)),
         "net_churn": m.get("net_churn"),
         "fs_image_boot_p50_ms": r(pct(m["fs_image"], .5)),
+        "processes": m["processes"],
     }
     for c, (eps, _bad) in m["pool"].items():
         res[f"episodes_per_s_c{c}"] = r(eps, 2)
@@ -717,6 +721,7 @@ def print_table(res: dict[str, Any], m: dict[str, Any]) -> None:
          "GET /sandboxes/ID; fs.read_file (no spawn)"),
         ("exec fan-out execs/s, p50 / p99 (ms)", "{execs_per_s}, {p50_ms} / {p99_ms}".format(**res["exec_fanout"]), "-",
          "echo 1, {concurrency} at once across {sandboxes} sandboxes; {failed} failed".format(**res["exec_fanout"])),
+        *processes.rows(res["processes"]),
         (f"fork({FORK_N}) wall (s)", f"{res['fork8_s']}", "-", ""),
         ("restore TTFC p50, networked (ms)", f"{res['net_restore_ttfc_p50_ms']}", "-",
          f"+{res['net_restore_extra_ms']} ms over loopback-only, interleaved (target <= 20)"),
@@ -857,6 +862,8 @@ def measure(tr: Tracker, raw: RawRunsc) -> dict[str, Any]:
     m["raw_exec"] = raw_exec_ms(raw, image, N_RAW_EXEC)
     m["exec_fanout"] = execs.fanout(*EXEC_FANOUT)
     log(f"exec fan-out: {m['exec_fanout']}")
+    m["processes"] = processes.measure(N_PROCS)
+    log(f"processes: {m['processes']}")
     log(f"raw exec: p50 {pct(m['raw_exec'], .5):.1f} ms")
 
     m["fork8_s"] = rollbox_fork(tr, base, FORK_N)
@@ -927,8 +934,8 @@ def main(argv: list[str] | None = None) -> int:
         global NET_CYCLES, IDLE_N
         N_COLD, N_RESTORE, N_EXEC, N_RAW_EXEC, N_RAW_RESTORE, N_RAW_COLD = 4, 8, 40, 10, 8, 4
         POOL_RUNS, RAW_EPISODE_RUNS, IDLE_N = ((1, 6), (4, 12)), ((1, 6), (4, 8)), 4
-        global EXEC_FANOUT
-        EXEC_FANOUT = (8, 64, 400)
+        global EXEC_FANOUT, N_PROCS
+        EXEC_FANOUT, N_PROCS = (8, 64, 400), 20
         global TIER_RUNS, TIER_POOL_RUNS, N_TIER_TTFC, N_WARM_ACQUIRE, SCALE_TESTS, IDLE_CPU_WINDOW_S
         TIER_RUNS, TIER_POOL_RUNS = [(1, 4), (4, 8), (16, 16), (64, 64)], [(1, 4), (4, 8), (16, 16)]
         IDLE_CPU_WINDOW_S = 3.0
@@ -940,6 +947,7 @@ def main(argv: list[str] | None = None) -> int:
         global ADMISSION, DENSITY
         N_COLD, N_RESTORE, N_EXEC, N_RAW_EXEC, N_RAW_RESTORE, N_RAW_COLD = 2, 2, 4, 2, 2, 2
         POOL_RUNS, RAW_EPISODE_RUNS, IDLE_N, EXEC_FANOUT = ((1, 2), (4, 4)), ((1, 2),), 2, (2, 4, 8)
+        N_PROCS = 5
         TIER_RUNS, TIER_POOL_RUNS, N_TIER_TTFC, N_WARM_ACQUIRE = [(1, 2), (4, 4)], [(1, 2), (4, 4)], 2, 2
         SCALE_TESTS, RAY_ROW, NET_CYCLES = True, True, 4
         ADMISSION, DENSITY = (8, 4), {"limit": 4, "batch": 2}

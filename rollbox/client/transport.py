@@ -197,7 +197,7 @@ class Client:
     def stream_lines(self, path: str, params: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
         """GETs a chunked NDJSON resource and yields each line's object as it arrives (the
         connection closes when the iterator is closed). Raises the daemon's typed error for
-        a failed answer, DaemonUnavailable when the connection is lost."""
+        a failed answer or an {"error": ...} line, DaemonUnavailable when the connection is lost."""
         self.ensure_daemon()
         try:
             with self._stream_http.stream("GET", path, params=params) as resp:
@@ -212,7 +212,10 @@ class Client:
                     raise self._error(resp.status_code, body, f"GET {path}")
                 for line in resp.iter_lines():
                     if line:
-                        yield _json.loads(line)
+                        obj = _json.loads(line)
+                        if "error" in obj and isinstance(obj["error"], dict):
+                            raise errors.from_wire(obj["error"], 500)
+                        yield obj
         except httpx.TransportError as e:
             raise errors.DaemonUnavailable(f"lost the rollbox daemon at {self.base_url} while streaming {path}: {e}; "
                                            f"see {self.paths.daemon_log}") from e

@@ -100,6 +100,7 @@ class Processes:
                      follow: bool = True) -> AsyncIterator[bytes]:
         """NDJSON lines: {"stream", "data" (base64), "offset", "truncated"} per chunk, then one
         {"exit": {running, exit_code, signal, timed_out, pids_limited, stdout_total, stderr_total}}
+        (or {"error": {code, message, sandbox_id}} when the sandbox ends or is lost meanwhile)
         once the process ended and every byte was sent (or at once when `follow` is false and
         nothing more is there). The first read happens before the response starts, so an unknown
         pid is a typed 404 rather than a broken stream."""
@@ -107,6 +108,14 @@ class Processes:
         first = await self.read(sandbox_id, pid, stdout, stderr, wait=0.0)
 
         async def lines() -> AsyncIterator[bytes]:
+            try:
+                async for line in follow_lines(first):
+                    yield line
+            except errors.RollboxError as e:
+                # The answer has started: the error travels as the stream's last line.
+                yield _line({"error": e.to_wire()})
+
+        async def follow_lines(first: dict[str, Any]) -> AsyncIterator[bytes]:
             r = first
             while True:
                 more = False

@@ -206,13 +206,13 @@ def kill_tree(pid, mark, sig=signal.SIGKILL):
     processes the tree had when the kill began."""
     first = None
     for _ in range(50 if sig == signal.SIGKILL else 1):
+        pids = marked_pids(mark)  # before the group kill, so the count is the whole tree's
+        if first is None:
+            first = len(pids)
         try:
             os.killpg(pid, sig)
         except OSError:
             pass
-        pids = marked_pids(mark)
-        if first is None:
-            first = len(pids)
         for p in pids:
             try:
                 os.kill(p, sig)
