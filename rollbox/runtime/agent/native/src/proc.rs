@@ -261,30 +261,38 @@ pub fn marked_pids(needle: &[u8]) -> Vec<sys::pid_t> {
 }
 
 /// SIGKILLs the exec's process group and every process carrying its mark, until none is left.
-/// Returns how many processes the exec had when the kill began.
+/// Returns how many processes the exec had when the kill began: counted before the first
+/// signal, since a killed process's environ is gone at once (counted after the group's kill,
+/// a fork bomb at its limit showed anywhere between a few and all of its processes).
 pub fn kill_tree(pid: sys::pid_t, needle: &[u8]) -> usize {
-    signal_tree(pid, needle, sys::SIGKILL)
-}
-
-/// Sends `sig` to the process group and every process carrying the mark. SIGKILL repeats
-/// until none is left (a dying tree may still fork); any other signal is sent once, since
-/// the tree may handle it and live on. Returns how many processes were signalled first.
-pub fn signal_tree(pid: sys::pid_t, needle: &[u8], sig: c_int) -> usize {
-    let mut first: Option<usize> = None;
+    let first = marked_pids(needle).len();
     for _ in 0..50 {
-        // Listed before the group is signalled: a killed process's environ reads empty.
+        unsafe { sys::kill(-pid, sys::SIGKILL) };
         let pids = marked_pids(needle);
-        unsafe { sys::kill(-pid, sig) };
-        first.get_or_insert(pids.len());
         for p in &pids {
-            unsafe { sys::kill(*p, sig) };
+            unsafe { sys::kill(*p, sys::SIGKILL) };
         }
-        if pids.is_empty() || sig != sys::SIGKILL {
+        if pids.is_empty() {
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    first.unwrap_or(0)
+    first
+}
+
+/// Sends `sig` to the tree `kill_tree` would kill. SIGKILL is kill_tree itself; any other
+/// signal is sent once (the tree may handle it and live on). Returns how many processes
+/// were signalled.
+pub fn signal_tree(pid: sys::pid_t, needle: &[u8], sig: c_int) -> usize {
+    if sig == sys::SIGKILL {
+        return kill_tree(pid, needle);
+    }
+    let pids = marked_pids(needle);
+    unsafe { sys::kill(-pid, sig) };
+    for p in &pids {
+        unsafe { sys::kill(*p, sig) };
+    }
+    pids.len()
 }
 
 /// An exec whose tree holds this many processes when its timeout kills it ran into
