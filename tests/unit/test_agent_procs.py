@@ -220,3 +220,16 @@ def test_no_thread_for_the_reader_fails_the_start_cleanly(monkeypatch):
         assert a.request("ping")["ok"] is True
     finally:
         a.close()
+
+
+def test_a_write_nobody_reads_returns_what_the_pipe_took_and_keeps_stdin_open(ag):
+    pid = start(ag, ["sh", "-c", "sleep 6; wc -c"])
+    t0 = time.monotonic()
+    r = ag.request("proc_write", pid=pid, data=base64.b64encode(b"z" * (1 << 20)).decode(), close=True)
+    # Within the agent's 5 s write limit, the pipe takes its capacity; close waits for the rest.
+    assert r["ok"] and 0 < r["written"] < 1 << 20 and time.monotonic() - t0 < 8, r
+    rest = (1 << 20) - r["written"]
+    r = ag.request("proc_write", pid=pid, data=base64.b64encode(b"z" * rest).decode(), close=True)
+    assert r["ok"] and r["written"] == rest, r
+    out, _, r = read_all(ag, pid)
+    assert out.strip() == b"1048576" and r["exit_code"] == 0

@@ -15,6 +15,7 @@ mod json;
 mod ops;
 mod proc;
 mod procs;
+mod procs_ops;
 mod retain;
 mod sha256;
 mod sys;
@@ -120,12 +121,12 @@ impl Agent {
             Some("identity") => ops::op_identity(self, &req),
             Some("ping") => ops::op_ping(),
             Some("proc_start") => procs::op_start(self, &req),
-            Some("proc_read") => procs::op_read(self, &req),
-            Some("proc_write") => procs::op_write(self, &req),
-            Some("proc_kill") => procs::op_kill(self, &req),
-            Some("proc_resize") => procs::op_resize(self, &req),
-            Some("proc_list") => procs::op_list(self),
-            Some("proc_status") => procs::op_status(self, &req),
+            Some("proc_read") => procs_ops::op_read(self, &req),
+            Some("proc_write") => procs_ops::op_write(self, &req),
+            Some("proc_kill") => procs_ops::op_kill(self, &req),
+            Some("proc_resize") => procs_ops::op_resize(self, &req),
+            Some("proc_list") => procs_ops::op_list(self),
+            Some("proc_status") => procs_ops::op_status(self, &req),
             Some(other) => Err(ops::OpError::new("agent_error", format!("KeyError: '{}'", other))),
             None => Err(ops::OpError::new("agent_error", "KeyError: 'op'")),
         }));

@@ -1,6 +1,6 @@
 //! Background processes (gh-16): the table of processes started with `proc_start`, each with
-//! a reader thread that drains its output into bounded retention buffers, and the `proc_*`
-//! ops over it. The table lives in the agent, so it survives the daemon and the client
+//! a reader thread that drains its output into bounded retention buffers (the other
+//! `proc_*` ops: procs_ops.rs). The table lives in the agent, so it survives the daemon and the client
 //! restarting and is carried through a memory snapshot (threads and pipes are restored).
 //! Protocol: /work/notes/proc-spec.md (the same fields, replies and error kinds as agent.py).
 
@@ -9,7 +9,6 @@ use std::ffi::c_int;
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::b64;
 use crate::json::{ObjBuilder, Value};
 use crate::ops::{self, OpError, OpResult, Refusal};
 use crate::proc::{self, Launch, Stdin, Waiter};
@@ -18,8 +17,6 @@ use crate::sys::{self, Fd};
 use crate::Agent;
 
 const DEFAULT_RETAINED: usize = 1 << 20;
-const DEFAULT_READ: usize = 1 << 20;
-const MAX_WAIT_S: f64 = 10.0;
 /// Ended processes listed: the most recent this many, for at most FORGET_AFTER_S.
 const KEEP_ENDED: usize = 64;
 const FORGET_AFTER_S: f64 = 600.0;
@@ -28,30 +25,28 @@ const POLL_MS: u64 = 200;
 /// After the main process exits, background children may hold its pipes: stop reading then
 /// (as exec does); they get EPIPE from then on.
 const AFTER_EXIT: Duration = Duration::from_millis(50);
-/// A write to a stdin nobody reads gives up after this long, replying with what it wrote.
-const WRITE_WAIT: Duration = Duration::from_secs(5);
 
 /// What the reader thread and the ops share, under one lock.
-struct State {
-    out: Stream,
-    err: Stream,
-    status: Option<c_int>,
-    ended_at: Option<f64>,
+pub(crate) struct State {
+    pub(crate) out: Stream,
+    pub(crate) err: Stream,
+    pub(crate) status: Option<c_int>,
+    pub(crate) ended_at: Option<f64>,
     /// The process was reaped and the reader is done (pipes at EOF, or closed 50 ms after
     /// the exit): every byte is in the buffers.
-    finished: bool,
-    timed_out: bool,
-    pids_limited: bool,
+    pub(crate) finished: bool,
+    pub(crate) timed_out: bool,
+    pub(crate) pids_limited: bool,
 }
 
 /// Where `proc_write` writes: the stdin pipe, or the pty master.
-enum Input {
+pub(crate) enum Input {
     Pipe(Fd),
     Pty(Arc<Fd>),
 }
 
 impl Input {
-    fn fd(&self) -> c_int {
+    pub(crate) fn fd(&self) -> c_int {
         match self {
             Input::Pipe(f) => f.0,
             Input::Pty(f) => f.0,
@@ -59,18 +54,18 @@ impl Input {
     }
 }
 
-struct Proc {
-    pid: sys::pid_t,
-    argv: Vec<Vec<u8>>,
-    cwd: Vec<u8>,
-    user: Value,
-    started_at: f64,
+pub(crate) struct Proc {
+    pub(crate) pid: sys::pid_t,
+    pub(crate) argv: Vec<Vec<u8>>,
+    pub(crate) cwd: Vec<u8>,
+    pub(crate) user: Value,
+    pub(crate) started_at: f64,
     /// "MARK=value" in every process of its tree: what kill_tree looks for.
-    needle: Vec<u8>,
-    master: Option<Arc<Fd>>,
-    input: Mutex<Option<Input>>,
-    state: Mutex<State>,
-    cv: Condvar,
+    pub(crate) needle: Vec<u8>,
+    pub(crate) master: Option<Arc<Fd>>,
+    pub(crate) input: Mutex<Option<Input>>,
+    pub(crate) state: Mutex<State>,
+    pub(crate) cv: Condvar,
 }
 
 /// The API-started processes, by pid.
@@ -85,7 +80,7 @@ impl Table {
 
     /// The table with ended entries past their keep limits dropped, what is left of their
     /// trees killed first: a process gone from the list is gone from the sandbox.
-    fn pruned(&self) -> MutexGuard<'_, HashMap<sys::pid_t, Arc<Proc>>> {
+    pub(crate) fn pruned(&self) -> MutexGuard<'_, HashMap<sys::pid_t, Arc<Proc>>> {
         let mut procs = self.procs.lock().unwrap();
         let now = ops::now_unix();
         let mut ended: Vec<(f64, sys::pid_t)> = procs.values()
@@ -108,7 +103,7 @@ impl Table {
         procs
     }
 
-    fn get(&self, req: &Value) -> Result<Arc<Proc>, OpError> {
+    pub(crate) fn get(&self, req: &Value) -> Result<Arc<Proc>, OpError> {
         let pid = req.get("pid").and_then(|v| v.as_f64()).ok_or_else(|| OpError::new("process_not_found",
             format!("pid {} is not a process id", String::from_utf8_lossy(&crate::json::to_vec(req.get("pid").unwrap_or(&Value::Null))))))?;
         self.pruned().get(&(pid as sys::pid_t)).cloned().ok_or_else(|| OpError::new("process_not_found",
@@ -127,14 +122,14 @@ struct Started {
     deadline: Option<Instant>,
 }
 
-fn num(req: &Value, key: &str, default: f64) -> Result<f64, OpError> {
+pub(crate) fn num(req: &Value, key: &str, default: f64) -> Result<f64, OpError> {
     match req.get(key) {
         None | Some(Value::Null) => Ok(default),
         Some(v) => v.as_f64().ok_or_else(|| OpError::bad(format!("TypeError: {} must be a number", key))),
     }
 }
 
-fn win(req: &Value, key: &str, default: f64) -> Result<u16, OpError> {
+pub(crate) fn win(req: &Value, key: &str, default: f64) -> Result<u16, OpError> {
     let v = num(req, key, default)?;
     if !(1.0..=65535.0).contains(&v) {
         return Err(OpError::invalid(format!("{} must be between 1 and 65535, not {}", key, v)));
@@ -321,6 +316,8 @@ fn pump(s: Started) {
     *p.input.lock().unwrap() = None;
     let mut st = p.state.lock().unwrap();
     st.finished = true;
+    st.out.compact();
+    st.err.compact();
     if st.ended_at.is_none() {
         st.ended_at = Some(ops::now_unix());
     }
@@ -328,167 +325,3 @@ fn pump(s: Started) {
     p.cv.notify_all();
 }
 
-fn stream_reply(s: &Stream, offset: u64, max: usize, finished: bool) -> Value {
-    let r = s.read(offset, max);
-    let end = r.offset + r.data.len() as u64;
-    ObjBuilder::new()
-        .with("data", Value::Str(b64::encode(&r.data)))
-        .with("offset", Value::Int(r.offset as i64))
-        .with("total", Value::Int(s.total() as i64))
-        .with("truncated", Value::Bool(r.truncated))
-        .with("eof", Value::Bool(finished && end >= s.total()))
-        .build()
-}
-
-/// The exit fields every reply about a process carries.
-fn exit_fields(b: ObjBuilder, st: &State) -> ObjBuilder {
-    let code = match st.status {
-        Some(s) if !st.timed_out => Value::Int(sys::exit_code_of(s) as i64),
-        _ => Value::Null,
-    };
-    let signal = match st.status.and_then(sys::wait_status_signal) {
-        Some(sig) => Value::Int(sig as i64),
-        None => Value::Null,
-    };
-    b.with("exit_code", code).with("signal", signal).with("timed_out", Value::Bool(st.timed_out))
-}
-
-pub fn op_read(a: &Agent, req: &Value) -> OpResult {
-    let p = a.procs.get(req)?;
-    let offset = |name: &str| -> Result<u64, OpError> {
-        match req.get("offsets") {
-            None | Some(Value::Null) => Ok(0),
-            Some(o) => Ok(num(o, name, 0.0)?.max(0.0) as u64),
-        }
-    };
-    let (off_out, off_err) = (offset("stdout")?, offset("stderr")?);
-    let wait = num(req, "wait", 0.0)?.clamp(0.0, MAX_WAIT_S);
-    let max = num(req, "max_bytes", DEFAULT_READ as f64)?.max(0.0) as usize;
-    let until = Instant::now() + Duration::from_secs_f64(wait);
-    let mut st = p.state.lock().unwrap();
-    while !(st.finished || st.out.total() > off_out || st.err.total() > off_err) {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        st = p.cv.wait_timeout(st, left).unwrap().0;
-    }
-    let b = ObjBuilder::new()
-        .with("pid", Value::Int(p.pid as i64))
-        .with("stdout", stream_reply(&st.out, off_out, max, st.finished))
-        .with("stderr", stream_reply(&st.err, off_err, max, st.finished))
-        .with("pids_limited", Value::Bool(st.pids_limited))
-        // Until every byte is buffered, so a client reading `while running` misses nothing.
-        .with("running", Value::Bool(!st.finished));
-    Ok(exit_fields(b, &st))
-}
-
-pub fn op_write(a: &Agent, req: &Value) -> OpResult {
-    let p = a.procs.get(req)?;
-    let data = match req.get("data") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Str(s)) => b64::decode(s).map_err(OpError::invalid)?,
-        Some(_) => return Err(OpError::bad("TypeError: data must be a base64 string")),
-    };
-    let close = req.get_truthy("close").is_some();
-    let closed = || OpError::new("stdin_closed", format!(
-        "the stdin of process {} is closed (by an earlier write with close=True, or the process ended)", p.pid));
-    let mut input = p.input.lock().unwrap();
-    let Some(fd) = input.as_ref().map(|i| i.fd()) else { return Err(closed()) };
-    let mut data = data;
-    if close && p.master.is_some() {
-        data.push(4); // a pty has no stdin of its own to close: ^D says end-of-input
-    }
-    let give_up = Instant::now() + WRITE_WAIT;
-    let mut off = 0;
-    while off < data.len() {
-        let n = unsafe { sys::write(fd, data[off..].as_ptr() as *const _, data.len() - off) };
-        if n > 0 {
-            off += n as usize;
-            continue;
-        }
-        match sys::errno() {
-            sys::EINTR => {}
-            sys::EAGAIN => {
-                let left = give_up.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                let mut pfd = sys::PollFd { fd, events: sys::POLLOUT, revents: 0 };
-                unsafe { sys::poll(&mut pfd, 1, left.as_millis().max(1) as i32) };
-            }
-            _ => {
-                // EPIPE: the process closed its stdin (or ended).
-                *input = None;
-                return Err(OpError::new("stdin_closed", format!("process {} closed its stdin", p.pid)));
-            }
-        }
-    }
-    if close {
-        *input = None;
-    }
-    let written = if close && p.master.is_some() { off.min(data.len() - 1) } else { off };
-    Ok(ObjBuilder::new().with("pid", Value::Int(p.pid as i64)).with("written", Value::Int(written as i64)))
-}
-
-pub fn op_kill(a: &Agent, req: &Value) -> OpResult {
-    let p = a.procs.get(req)?;
-    let sig = match req.get_truthy("signal") {
-        None => sys::SIGKILL as f64,
-        Some(_) => num(req, "signal", 9.0)?,
-    };
-    if !(1.0..=64.0).contains(&sig) {
-        return Err(OpError::invalid(format!("signal must be between 1 and 64, not {}", sig)));
-    }
-    let reaped = p.state.lock().unwrap().status.is_some();
-    // Once reaped, the pid (and so the group id) may be reused: signal only marked processes.
-    let killed = if reaped && proc::marked_pids(&p.needle).is_empty() {
-        0
-    } else {
-        proc::signal_tree(p.pid, &p.needle, sig as c_int)
-    };
-    Ok(ObjBuilder::new().with("pid", Value::Int(p.pid as i64)).with("killed", Value::Int(killed as i64)))
-}
-
-pub fn op_resize(a: &Agent, req: &Value) -> OpResult {
-    let p = a.procs.get(req)?;
-    let (cols, rows) = (win(req, "cols", 80.0)?, win(req, "rows", 24.0)?);
-    let Some(m) = &p.master else {
-        return Err(OpError::new("not_a_pty", format!("process {} has no terminal to resize: start it with pty=True", p.pid)));
-    };
-    sys::set_winsize(m.0, cols, rows);
-    Ok(ObjBuilder::new().with("pid", Value::Int(p.pid as i64)))
-}
-
-fn entry(p: &Proc) -> Value {
-    let st = p.state.lock().unwrap();
-    let b = ObjBuilder::new()
-        .with("pid", Value::Int(p.pid as i64))
-        .with("argv", Value::Arr(p.argv.iter().map(|a| Value::Str(a.clone())).collect()))
-        .with("cwd", Value::Str(p.cwd.clone()))
-        .with("user", p.user.clone())
-        .with("pty", Value::Bool(p.master.is_some()))
-        // The main process not yet reaped.
-        .with("running", Value::Bool(st.status.is_none() && !st.finished))
-        .with("started_at", Value::Float(p.started_at))
-        .with("ended_at", st.ended_at.map(Value::Float).unwrap_or(Value::Null))
-        .with("stdout_total", Value::Int(st.out.total() as i64))
-        .with("stderr_total", Value::Int(st.err.total() as i64));
-    exit_fields(b, &st).build()
-}
-
-pub fn op_list(a: &Agent) -> OpResult {
-    let mut procs: Vec<Arc<Proc>> = a.procs.pruned().values().cloned().collect();
-    procs.sort_by(|x, y| x.started_at.partial_cmp(&y.started_at).unwrap_or(std::cmp::Ordering::Equal));
-    Ok(ObjBuilder::new().with("processes", Value::Arr(procs.iter().map(|p| entry(p)).collect())))
-}
-
-pub fn op_status(a: &Agent, req: &Value) -> OpResult {
-    let p = a.procs.get(req)?;
-    let Value::Obj(fields) = entry(&p) else { unreachable!() };
-    let mut b = ObjBuilder::new();
-    for (k, v) in fields {
-        b.set(&String::from_utf8_lossy(&k), v);
-    }
-    Ok(b)
-}

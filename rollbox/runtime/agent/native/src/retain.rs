@@ -52,6 +52,12 @@ impl Stream {
         self.tail.extend(rest);
     }
 
+    /// Gives back spare capacity (once the stream has ended: 64 ended processes are kept).
+    pub fn compact(&mut self) {
+        self.head.shrink_to_fit();
+        self.tail.shrink_to_fit();
+    }
+
     /// The first offset the tail still holds (== total when it is empty).
     fn tail_start(&self) -> u64 {
         self.total - self.tail.len() as u64
