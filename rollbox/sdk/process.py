@@ -25,6 +25,7 @@ import base64
 import codecs
 import signal as _signal
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from .sandbox import SandboxInstance
 
 _FAR = 1 << 62  # an offset past any stream's end: "not this stream"
+RESUME_S = 60.0  # how long a stream waits for a restarting daemon before raising DaemonUnavailable
 TIMED_OUT_CODE = 124  # poll() of a process its timeout killed (the `timeout` command's status)
 
 
@@ -198,8 +200,29 @@ class SandboxProcess:
         return self._sb._call(method, f"processes/{self.pid}{'/' + sub if sub else ''}", body)
 
     def _events(self, stdout: int, stderr: int) -> Iterator[dict[str, Any]]:
-        return self._sb._client.stream_lines(f"/sandboxes/{self._sb.sandbox_id}/processes/{self.pid}/output",
-                                             params={"stdout": stdout, "stderr": stderr, "follow": "true"})
+        """The output stream's events from these offsets until the {"exit"} event. A daemon
+        that restarts (or crashes) meanwhile cuts the answer: it is asked again from the
+        offsets reached, for up to RESUME_S seconds (the process lives in the sandbox)."""
+        offsets = {"stdout": stdout, "stderr": stderr}
+        path = f"/sandboxes/{self._sb.sandbox_id}/processes/{self.pid}/output"
+        lost_at: float | None = None
+        while True:
+            try:
+                for ev in self._sb._client.stream_lines(path, params={**offsets, "follow": "true"}):
+                    lost_at = None
+                    if "stream" in ev:
+                        offsets[ev["stream"]] = int(ev["offset"]) + len(base64.b64decode(ev["data"]))
+                    yield ev
+                    if "exit" in ev:
+                        return
+                # Ended without its exit line: the daemon stopped (it ends streams on the way down).
+                raise errors.DaemonUnavailable(f"the daemon ended the stream of {path} early")
+            except errors.DaemonUnavailable:
+                now = time.monotonic()
+                lost_at = now if lost_at is None else lost_at
+                if now - lost_at > RESUME_S:
+                    raise
+                time.sleep(0.2)
 
     def _chunks(self, which: str | None = None) -> Iterator[tuple[str, bytes]]:
         """(stream, bytes) pairs of `which` (None: both) until the process ends."""

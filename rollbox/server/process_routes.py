@@ -90,7 +90,8 @@ def add_process_routes(app: FastAPI, service: "SandboxService") -> Processes:
                              follow: bool = True) -> StreamingResponse:
         """Streams the process's output from byte offsets `stdout`/`stderr` (0: the first
         retained byte) until it ends (follow=true) or what is there now (follow=false)."""
-        return StreamingResponse(await procs.stream(sandbox_id, pid, stdout, stderr, follow), media_type=NDJSON)
+        lines = await procs.stream(sandbox_id, pid, stdout, stderr, follow, stopping=lambda: bool(app.state.stopping))
+        return StreamingResponse(lines, media_type=NDJSON)
 
     @app.post("/sandboxes/{sandbox_id}/processes/{pid}/stdin")
     async def process_stdin(sandbox_id: str, pid: int, body: StdinWrite) -> dict[str, Any]:
