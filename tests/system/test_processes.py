@@ -246,6 +246,22 @@ def test_bad_input_is_typed(sb: SandboxInstance, client: Client) -> None:
         client.request("POST", f"/sandboxes/{sb.sandbox_id}/containers/c-1/processes", json={"argv": ["true"]})
     with pytest.raises(rollbox.InvalidArgument, match="command not found"):
         sb.process.exec("no-such-command-xyz")
+    with pytest.raises(rollbox.UnsupportedOperation, match="episode containers"):
+        client.request("POST", f"/sandboxes/{sb.sandbox_id}/containers/c-1/run_code", json={"code": "1"})
+
+
+def test_wait_timeout_and_a_stdin_write_larger_than_the_pipe(sb: SandboxInstance) -> None:
+    p = sb.process.exec("sh", "-c", "sleep 6; wc -c")
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        p.wait(timeout=0.5)
+    assert time.monotonic() - t0 < 3 and p.poll() is None
+    # 1 MiB into a pipe nobody reads for 6 s: the agent never holds a request longer than 5 s
+    # (the daemon would take the sandbox for wedged); the SDK sends the rest again.
+    assert p.stdin.write(b"z" * (1 << 20)) == 1 << 20
+    p.stdin.close()
+    res = p.wait(timeout=30)
+    assert res.stdout.strip() == b"1048576" and res.exit_code == 0
 
 
 def test_run_code_keeps_state_and_returns_value_and_error(sb: SandboxInstance) -> None:
