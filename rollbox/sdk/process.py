@@ -24,7 +24,7 @@ import asyncio
 import base64
 import codecs
 import signal as _signal
-import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from .sandbox import SandboxInstance
 
 _FAR = 1 << 62  # an offset past any stream's end: "not this stream"
+STDIN_CHUNK = 1 << 20  # bytes per stdin request
+RESUME_S = 60.0  # how long a stream waits for a restarting daemon before raising DaemonUnavailable
 TIMED_OUT_CODE = 124  # poll() of a process its timeout killed (the `timeout` command's status)
 
 
@@ -168,11 +170,17 @@ class ProcessStdin:
 
     @synchronized
     def write(self, data: bytes | str) -> int:
-        """Writes `data` (str is UTF-8 encoded); returns the bytes written.
+        """Writes `data` (str is UTF-8 encoded) and returns its length once all of it is in
+        the pipe: like a pipe, this blocks while the process does not read.
         Raises StdinClosed after close(), ProcessNotFound."""
         raw = data.encode() if isinstance(data, str) else bytes(data)
-        r = self._proc._call("POST", "stdin", {"data": base64.b64encode(raw).decode(), "close": False})
-        return int(r["written"])
+        view = memoryview(raw)
+        while True:
+            part = view[:STDIN_CHUNK]
+            r = self._proc._call("POST", "stdin", {"data": base64.b64encode(part).decode(), "close": False})
+            view = view[int(r["written"]):]
+            if not view:
+                return len(raw)
 
     @synchronized
     def close(self) -> None:
@@ -197,9 +205,33 @@ class SandboxProcess:
     def _call(self, method: str, sub: str, body: Any = None) -> Any:
         return self._sb._call(method, f"processes/{self.pid}{'/' + sub if sub else ''}", body)
 
-    def _events(self, stdout: int, stderr: int) -> Iterator[dict[str, Any]]:
-        return self._sb._client.stream_lines(f"/sandboxes/{self._sb.sandbox_id}/processes/{self.pid}/output",
-                                             params={"stdout": stdout, "stderr": stderr, "follow": "true"})
+    def _events(self, stdout: int, stderr: int, until: float | None = None) -> Iterator[dict[str, Any]]:
+        """The output stream's events from these offsets until the {"exit"} event. A daemon
+        that restarts (or crashes) meanwhile cuts the answer: it is asked again from the
+        offsets reached, for up to RESUME_S seconds (the process lives in the sandbox)."""
+        offsets = {"stdout": stdout, "stderr": stderr}
+        path = f"/sandboxes/{self._sb.sandbox_id}/processes/{self.pid}/output"
+        lost_at: float | None = None
+        while True:
+            params: dict[str, Any] = {**offsets, "follow": "true"}
+            if until is not None:  # the daemon ends the stream then, with a running=true exit line
+                params["timeout"] = max(0.0, until - time.monotonic())
+            try:
+                for ev in self._sb._client.stream_lines(path, params=params):
+                    lost_at = None
+                    if "stream" in ev:
+                        offsets[ev["stream"]] = int(ev["offset"]) + len(base64.b64decode(ev["data"]))
+                    yield ev
+                    if "exit" in ev:
+                        return
+                # Ended without its exit line: the daemon stopped (it ends streams on the way down).
+                raise errors.DaemonUnavailable(f"the daemon ended the stream of {path} early")
+            except errors.DaemonUnavailable:
+                now = time.monotonic()
+                lost_at = now if lost_at is None else lost_at
+                if now - lost_at > RESUME_S:
+                    raise
+                time.sleep(0.2)
 
     def _chunks(self, which: str | None = None) -> Iterator[tuple[str, bytes]]:
         """(stream, bytes) pairs of `which` (None: both) until the process ends."""
@@ -237,32 +269,19 @@ class SandboxProcess:
         Raises:
             TimeoutError: still running after `timeout` seconds (it keeps running).
         """
-        box: dict[str, Any] = {}
-
-        def collect() -> None:
-            try:
-                bufs: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
-                truncated = False
-                end: dict[str, Any] = {}
-                for ev in self._events(0, 0):
-                    if "stream" in ev:
-                        bufs[ev["stream"]] += base64.b64decode(ev["data"])
-                        truncated |= bool(ev.get("truncated"))
-                    elif "exit" in ev:
-                        end = ev["exit"]
-                box["result"] = (bufs, truncated, end)
-            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-                box["error"] = e
-
-        t = threading.Thread(target=collect, daemon=True, name=f"rollbox-wait-{self.pid}")
-        t.start()
-        t.join(timeout)
-        if t.is_alive():
+        bufs: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+        truncated = False
+        end: dict[str, Any] = {}
+        until = None if timeout is None else time.monotonic() + timeout
+        for ev in self._events(0, 0, until):
+            if "stream" in ev:
+                bufs[ev["stream"]] += base64.b64decode(ev["data"])
+                truncated |= bool(ev.get("truncated"))
+            elif "exit" in ev:
+                end = ev["exit"]
+        if end.get("running"):
             raise TimeoutError(f"process {self.pid} in sandbox {self._sb.sandbox_id} is still running after "
                                f"{timeout} s (it keeps running; kill() stops it)")
-        if "error" in box:
-            raise box["error"]
-        bufs, truncated, end = box["result"]
         st = self.status()
         return ExecResult(
             exit_code=None if end.get("timed_out") else end.get("exit_code"),

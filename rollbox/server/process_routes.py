@@ -86,11 +86,16 @@ def add_process_routes(app: FastAPI, service: "SandboxService") -> Processes:
              responses={200: {"content": {NDJSON: {}}, "description": (
                  "chunked NDJSON: {stream, data (base64), offset, truncated} per chunk as it is written, then "
                  "{exit: {running, exit_code, signal, timed_out, pids_limited, stdout_total, stderr_total}}")}})
-    async def process_output(sandbox_id: str, pid: int, stdout: int = 0, stderr: int = 0,
-                             follow: bool = True) -> StreamingResponse:
+    async def process_output(sandbox_id: str, pid: int, stdout: int = 0, stderr: int = 0, follow: bool = True,
+                             timeout: float | None = None) -> StreamingResponse:
         """Streams the process's output from byte offsets `stdout`/`stderr` (0: the first
-        retained byte) until it ends (follow=true) or what is there now (follow=false)."""
-        return StreamingResponse(await procs.stream(sandbox_id, pid, stdout, stderr, follow), media_type=NDJSON)
+        retained byte) until it ends (follow=true) or what is there now (follow=false), or
+        for at most `timeout` seconds (then the exit line says running=true)."""
+        if timeout is not None and not timeout >= 0:
+            raise errors.InvalidArgument(f"timeout={timeout} must be >= 0 seconds")
+        lines = await procs.stream(sandbox_id, pid, stdout, stderr, follow, stopping=lambda: bool(app.state.stopping),
+                                   timeout=timeout)
+        return StreamingResponse(lines, media_type=NDJSON)
 
     @app.post("/sandboxes/{sandbox_id}/processes/{pid}/stdin")
     async def process_stdin(sandbox_id: str, pid: int, body: StdinWrite) -> dict[str, Any]:
@@ -112,6 +117,8 @@ def add_process_routes(app: FastAPI, service: "SandboxService") -> Processes:
         return await procs.run_code(sandbox_id, body.code, body.language, body.timeout)
 
     @app.api_route("/sandboxes/{sandbox_id}/containers/{container_id}/processes{rest:path}",
+                   methods=["GET", "POST"], include_in_schema=False)
+    @app.api_route("/sandboxes/{sandbox_id}/containers/{container_id}/run_code{rest:path}",
                    methods=["GET", "POST"], include_in_schema=False)
     async def container_processes(sandbox_id: str, container_id: str, rest: str) -> None:
         raise errors.UnsupportedOperation(

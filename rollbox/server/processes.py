@@ -17,7 +17,7 @@ import base64
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from .. import errors
@@ -26,6 +26,7 @@ from .execfiles import ARG_MAX, ExecFiles, check_user, user_message
 from .validation import check_env
 
 READ_WAIT_S = 10.0  # one long-poll inside the agent
+STOP_CHECK_S = 0.25  # how often a waiting stream looks whether the daemon is stopping
 STREAMS = ("stdout", "stderr")
 MAX_RETAINED = 64 * 1024 * 1024  # the most a request may ask the agent to keep per stream
 CODE_DRIVER = f"{AGENT_MOUNT}/code_driver.py"
@@ -96,14 +97,20 @@ class Processes:
             fields["max_bytes"] = max_bytes
         return await self._op(sandbox_id, "proc_read", **fields)
 
-    async def stream(self, sandbox_id: str, pid: int, stdout: int = 0, stderr: int = 0,
-                     follow: bool = True) -> AsyncIterator[bytes]:
+    async def stream(self, sandbox_id: str, pid: int, stdout: int = 0, stderr: int = 0, follow: bool = True,
+                     stopping: Callable[[], bool] = lambda: False,
+                     timeout: float | None = None) -> AsyncIterator[bytes]:
         """NDJSON lines: {"stream", "data" (base64), "offset", "truncated"} per chunk, then one
         {"exit": {running, exit_code, signal, timed_out, pids_limited, stdout_total, stderr_total}}
         (or {"error": {code, message, sandbox_id}} when the sandbox ends or is lost meanwhile)
         once the process ended and every byte was sent (or at once when `follow` is false and
         nothing more is there). The first read happens before the response starts, so an unknown
-        pid is a typed 404 rather than a broken stream."""
+        pid is a typed 404 rather than a broken stream. When `stopping()` turns true (the
+        daemon is going down) the stream ends without its exit line, at once rather than at
+        the next long-poll's end; the SDK then asks the next daemon from where it was.
+        `timeout`: seconds after which the stream ends with an exit line saying running=true
+        (what `wait(timeout)` needs, without a client-side thread left reading)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         offsets = {"stdout": stdout, "stderr": stderr}
         first = await self.read(sandbox_id, pid, stdout, stderr, wait=0.0)
 
@@ -127,13 +134,21 @@ class Processes:
                                      "truncated": part["truncated"]})
                         offsets[s] = part["offset"] + n
                     more |= offsets[s] < part["total"]
-                if not more and (not r["running"] or not follow):
+                expired = deadline is not None and time.monotonic() >= deadline
+                if not more and (not r["running"] or not follow or expired):
                     yield _line({"exit": {k: r.get(k) for k in ("running", "exit_code", "signal", "timed_out",
                                                                 "pids_limited")}
                                  | {"stdout_total": r["stdout"]["total"], "stderr_total": r["stderr"]["total"]}})
                     return
-                r = await self.read(sandbox_id, pid, offsets["stdout"], offsets["stderr"],
-                                    wait=0.0 if more else READ_WAIT_S)
+                wait = 0.0 if more else READ_WAIT_S if deadline is None else \
+                    max(0.0, min(READ_WAIT_S, deadline - time.monotonic()))
+                poll = asyncio.ensure_future(self.read(sandbox_id, pid, offsets["stdout"], offsets["stderr"], wait=wait))
+                while not poll.done():
+                    await asyncio.wait({poll}, timeout=STOP_CHECK_S)
+                    if stopping() and not poll.done():
+                        poll.cancel()
+                        return
+                r = poll.result()
 
         return lines()
 

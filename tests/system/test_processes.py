@@ -155,16 +155,36 @@ def test_a_process_outlives_its_client_and_another_client_reads_it_from_byte_0(s
     sb.process.get_process(pid).kill()
 
 
-def test_a_daemon_restart_keeps_the_handle(sb: SandboxInstance, home: Paths) -> None:
+def test_a_daemon_restart_keeps_the_handle_and_its_stream(sb: SandboxInstance, home: Paths) -> None:
     p = sb.process.exec("sh", "-c", "echo before; read x; echo got $x")
-    assert next(iter(p.stdout)) == b"before\n"
+    it = iter(p.stdout)
+    assert next(it) == b"before\n"  # a stream open across the restart: it resumes where it was
     r = subprocess.run([sys.executable, "-m", "rollbox", "daemon", "restart"], env=_env(home), capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert p.status().running
     p.stdin.write("after\n")
+    assert b"".join(it) == b"got after\n"
     res = p.wait(timeout=10)
     assert res.stdout == b"before\ngot after\n" and res.exit_code == 0
+
+
+def test_awaitable_twins_and_incremental_text(sb: SandboxInstance) -> None:
+    import asyncio
+
+    code = ("import sys,time\nb='añ€😀'.encode()\nfor i in range(len(b)):\n"
+            "    sys.stdout.buffer.write(b[i:i+1]); sys.stdout.flush(); time.sleep(0.02)")
+
+    async def go() -> tuple[list[bytes], str, int | None]:
+        p = await sb.process.exec.aio("python3", "-c", code)
+        chunks = [c async for c in p.stdout.aio()]
+        text = "".join([t async for t in p.stdout.text_aio()])
+        return chunks, text, (await p.wait.aio()).exit_code
+
+    chunks, text, code_ = asyncio.run(go())
+    assert len(chunks) > 1 and b"".join(chunks) == "añ€😀".encode()  # bytes as they came, split mid-character
+    assert text == "añ€😀" and code_ == 0
+    assert "".join(sb.process.exec("printf", "\\303\\251").stdout.text()) == "é"
 
 
 def test_the_first_chunk_arrives_long_before_the_process_ends(sb: SandboxInstance) -> None:
@@ -226,6 +246,22 @@ def test_bad_input_is_typed(sb: SandboxInstance, client: Client) -> None:
         client.request("POST", f"/sandboxes/{sb.sandbox_id}/containers/c-1/processes", json={"argv": ["true"]})
     with pytest.raises(rollbox.InvalidArgument, match="command not found"):
         sb.process.exec("no-such-command-xyz")
+    with pytest.raises(rollbox.UnsupportedOperation, match="episode containers"):
+        client.request("POST", f"/sandboxes/{sb.sandbox_id}/containers/c-1/run_code", json={"code": "1"})
+
+
+def test_wait_timeout_and_a_stdin_write_larger_than_the_pipe(sb: SandboxInstance) -> None:
+    p = sb.process.exec("sh", "-c", "sleep 6; wc -c")
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        p.wait(timeout=0.5)
+    assert time.monotonic() - t0 < 3 and p.poll() is None
+    # 1 MiB into a pipe nobody reads for 6 s: the agent never holds a request longer than 5 s
+    # (the daemon would take the sandbox for wedged); the SDK sends the rest again.
+    assert p.stdin.write(b"z" * (1 << 20)) == 1 << 20
+    p.stdin.close()
+    res = p.wait(timeout=30)
+    assert res.stdout.strip() == b"1048576" and res.exit_code == 0
 
 
 def test_run_code_keeps_state_and_returns_value_and_error(sb: SandboxInstance) -> None:

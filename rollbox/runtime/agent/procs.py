@@ -32,6 +32,7 @@ MAX_WAIT_S = 10.0
 DEFAULT_READ = 1024 * 1024
 KEEP_ENDED = 64  # ended processes listed
 FORGET_AFTER_S = 600.0
+WRITE_WAIT_S = 5.0  # the longest one proc_write waits for a full pipe to take bytes
 EXIT_GRACE_S = 0.05  # after the main process exits, background children may hold the pipes
 STREAMS = ("stdout", "stderr")
 
@@ -69,6 +70,13 @@ class Retained:
                 drop = len(self.tail) - self.tail_cap
                 del self.tail[:drop]
                 self.tail_start += drop
+
+    def compact(self):
+        """Trims the tail window to exactly tail_cap bytes (once the stream has ended)."""
+        if len(self.tail) > self.tail_cap:
+            drop = len(self.tail) - self.tail_cap
+            del self.tail[:drop]
+            self.tail_start += drop
 
     @property
     def dropped(self):
@@ -218,24 +226,39 @@ class ProcessTable:
         return res
 
     def write(self, req):
+        """Writes what the pipe takes within WRITE_WAIT_S (a process that does not read must
+        not hold a request past the daemon's patience: it would take the sandbox for wedged);
+        `written` says how much, the caller sends the rest again. `close` applies once all
+        was written."""
         p = self._get(req)
         data = base64.b64decode(req.get("data") or "")
         with p.in_lock:
             if p.in_fd is None:
                 raise ProcError("stdin_closed", "stdin of process %d is closed" % p.pid)
             view = memoryview(data)
+            deadline = time.monotonic() + WRITE_WAIT_S
             try:
                 while view:
-                    view = view[os.write(p.in_fd, view):]
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not select.select([], [p.in_fd], [], left)[1]:
+                        break
+                    os.set_blocking(p.in_fd, False)
+                    try:
+                        view = view[os.write(p.in_fd, view):]
+                    except BlockingIOError:
+                        pass
+                    finally:
+                        os.set_blocking(p.in_fd, True)
             except OSError as e:  # EPIPE: the process closed its end (or ended)
                 raise ProcError("stdin_closed", "stdin of process %d is closed: %s" % (p.pid, e))
-            if req.get("close"):
+            written = len(data) - len(view)
+            if req.get("close") and not view:
                 if p.pty:
                     os.write(p.in_fd, b"\x04")  # EOF for the terminal's reader; the master stays ours
                 else:
                     p.popen.stdin.close()
                 p.in_fd = None
-        return {"pid": p.pid, "written": len(data)}
+        return {"pid": p.pid, "written": written}
 
     def kill(self, req):
         p = self._get(req)
@@ -338,6 +361,7 @@ class ProcessTable:
                 p.ended_at = time.time()
             for s in STREAMS:
                 p.closed[s] = True
+                p.out[s].compact()  # 64 ended processes are kept: each at most head + tail
             p.cond.notify_all()
         for f in (p.popen.stdout, p.popen.stderr):
             if f is not None:
