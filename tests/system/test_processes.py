@@ -1,8 +1,9 @@
 """Background processes (gh-16): `sb.process` against real gVisor sandboxes.
 
 The module runs its own daemon (a side home) whose sandboxes boot the agent named by
-ROLLBOX_TEST_PROCS_AGENT (default "python": the native agent's port of the proc_* ops is a
-separate branch), so every test here exercises the agent's process table for real.
+ROLLBOX_TEST_PROCS_AGENT (default: the one sandboxes boot by default, the native agent when it
+is built; "python" for agent.py), so every test here exercises the agent's process table for
+real. Both agents' ops are also checked side by side over pipes in tests/unit/test_agent_procs.py.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ import rollbox
 from rollbox import Sandbox, SandboxInstance
 from rollbox.client.transport import Client, stop_daemon
 from rollbox.config import Paths
+from rollbox.runtime.bundle import default_agent
 from tests.system.conftest import side_home
 
 pytestmark = pytest.mark.timeout(90)
-AGENT = os.environ.get("ROLLBOX_TEST_PROCS_AGENT", "python")
+AGENT = os.environ.get("ROLLBOX_TEST_PROCS_AGENT") or default_agent()
 REPO = Path(__file__).resolve().parents[2]
 
 
