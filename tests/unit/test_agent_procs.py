@@ -233,3 +233,13 @@ def test_a_write_nobody_reads_returns_what_the_pipe_took_and_keeps_stdin_open(ag
     assert r["ok"] and r["written"] == rest, r
     out, _, r = read_all(ag, pid)
     assert out.strip() == b"1048576" and r["exit_code"] == 0
+
+
+def test_user_applies_to_pipes_and_ptys(ag):
+    if os.geteuid() != 0:
+        pytest.skip("switching user needs root")
+    for pty in (False, True):
+        pid = start(ag, ["sh", "-c", "id -u; tty -s && echo tty || echo notty"], user="nobody", pty=pty)
+        out, _, r = read_all(ag, pid)
+        assert out.replace(b"\r", b"").split() == [b"65534", b"tty" if pty else b"notty"], (pty, out)
+        assert r["exit_code"] == 0 and ag.request("proc_status", pid=pid)["user"] == "nobody"
