@@ -243,3 +243,30 @@ def test_user_applies_to_pipes_and_ptys(ag):
         out, _, r = read_all(ag, pid)
         assert out.replace(b"\r", b"").split() == [b"65534", b"tty" if pty else b"notty"], (pty, out)
         assert r["exit_code"] == 0 and ag.request("proc_status", pid=pid)["user"] == "nobody"
+
+
+def _ctx_switches(pid: int) -> int:
+    total = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{t}/status") as f:
+            total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+    return total
+
+
+def test_idle_processes_cost_the_native_agent_no_wakeups(native):
+    """The reaper wakes a reader at its process's exit, so idle readers sleep in poll (under
+    gVisor every wake-up is a sentry round trip); the exit is still seen at once while a
+    descendant holds the pipes."""
+    pids = [start(native, ["sleep", "30"]) for _ in range(20)]
+    time.sleep(0.3)
+    before = _ctx_switches(native.pid)
+    time.sleep(1.0)
+    assert _ctx_switches(native.pid) - before < 10  # polling every 200 ms: 100
+    pid = start(native, ["sh", "-c", "sleep 30 & exit 5"])
+    t0 = time.monotonic()
+    r = native.request("proc_read", pid=pid, offsets={"stdout": 0, "stderr": 0}, wait=5.0)
+    while r["running"]:
+        r = native.request("proc_read", pid=pid, offsets={"stdout": 0, "stderr": 0}, wait=5.0)
+    assert r["exit_code"] == 5 and time.monotonic() - t0 < 0.5
+    for p in pids + [pid]:
+        native.request("proc_kill", pid=p)

@@ -13,11 +13,29 @@ use crate::sys::{self, Opaque, SigSet};
 pub struct Waiter {
     status: Mutex<Option<c_int>>,
     cv: Condvar,
+    /// An fd the reaper writes one byte to when the status arrives: a poll loop's wake-up.
+    wake: Mutex<Option<c_int>>,
 }
 
 impl Waiter {
     pub fn status(&self) -> Option<c_int> {
         *self.status.lock().unwrap()
+    }
+
+    /// Has the reaper write a byte to `fd` when the status arrives; false when it already has
+    /// (nothing will be written). `fd` must stay open until `clear_wake`.
+    pub fn set_wake(&self, fd: c_int) -> bool {
+        *self.wake.lock().unwrap() = Some(fd);
+        if self.status.lock().unwrap().is_some() {
+            self.clear_wake();
+            return false;
+        }
+        true
+    }
+
+    /// Stops writing to the fd `set_wake` gave (after this returns, it may be closed).
+    pub fn clear_wake(&self) {
+        *self.wake.lock().unwrap() = None;
     }
 
     /// Waits until the pid has been reaped, at most `limit` (None: no limit).
@@ -57,6 +75,9 @@ impl Reaper {
                 let w = self.state.lock().unwrap().waiters.remove(&pid);
                 if let Some(w) = w {
                     *w.status.lock().unwrap() = Some(status);
+                    if let Some(fd) = *w.wake.lock().unwrap() {
+                        unsafe { sys::write(fd, b"x".as_ptr() as *const _, 1) };
+                    }
                     w.cv.notify_all();
                 }
             } else if sys::errno() == sys::ECHILD {
@@ -78,7 +99,7 @@ impl Reaper {
         let mut st = self.state.lock().unwrap();
         let pid = start()?;
         let w = if wait {
-            let w = Arc::new(Waiter { status: Mutex::new(None), cv: Condvar::new() });
+            let w = Arc::new(Waiter { status: Mutex::new(None), cv: Condvar::new(), wake: Mutex::new(None) });
             st.waiters.insert(pid, w.clone());
             Some(w)
         } else {

@@ -249,6 +249,17 @@ fn pump(s: Started) {
     let mut fds = s.fds;
     let mut chunk = vec![0u8; 64 << 10];
     let mut exited_at: Option<Instant> = None;
+    // The reaper writes to this pipe at the exit, so an idle process costs no wake-ups (a
+    // descendant may hold the output pipes open past the exit). Without it: poll every POLL_MS.
+    let wake = sys::pipe().ok().map(|(r, w)| (Fd(r), Fd(w)));
+    let waking = match &wake {
+        Some((r, w)) => {
+            sys::set_nonblocking(r.0, true);
+            sys::set_nonblocking(w.0, true);
+            s.waiter.set_wake(w.0)
+        }
+        None => false,
+    };
     loop {
         let status = s.waiter.status();
         if status.is_some() && exited_at.is_none() {
@@ -285,34 +296,45 @@ fn pump(s: Started) {
             }
         }
         let timed_out = p.state.lock().unwrap().timed_out;
-        let mut wait = match s.deadline {
-            Some(d) if !timed_out => Duration::from_millis(POLL_MS).min(d.saturating_duration_since(Instant::now())),
-            _ => Duration::from_millis(POLL_MS),
-        };
+        // None: until an fd is ready (the reaper's wake-up included).
+        let mut wait = if waking && exited_at.is_none() { None } else { Some(Duration::from_millis(POLL_MS)) };
+        let mut cap = |d: Duration| wait = Some(wait.map_or(d, |w| w.min(d)));
+        if let Some(d) = s.deadline.filter(|_| !timed_out) {
+            cap(d.saturating_duration_since(Instant::now()));
+        }
         if let Some(t) = exited_at {
-            wait = wait.min(AFTER_EXIT.saturating_sub(t.elapsed()));
+            cap(AFTER_EXIT.saturating_sub(t.elapsed()));
         }
         if !open {
             // Output closed; the exit (or the deadline) is what is left to wait for.
-            if s.waiter.wait(Some(if timed_out { Duration::from_secs(5) } else { wait })).is_none() && timed_out {
+            if s.waiter.wait(if timed_out { Some(Duration::from_secs(5)) } else { wait }).is_none() && timed_out {
                 break; // killed but never reaped: give up on its status
             }
             continue;
         }
         let mut pfds: Vec<sys::PollFd> = fds.iter().flatten().map(|&fd| sys::PollFd { fd, events: sys::POLLIN, revents: 0 }).collect();
-        let ms = (wait.as_micros() as i64 + 999) / 1000;
-        if unsafe { sys::poll(pfds.as_mut_ptr(), pfds.len() as _, ms as i32) } <= 0 {
+        if let (true, Some((r, _))) = (waking, &wake) {
+            pfds.push(sys::PollFd { fd: r.0, events: sys::POLLIN, revents: 0 });
+        }
+        let ms = wait.map_or(-1, |w| ((w.as_micros() + 999) / 1000) as i32);
+        if unsafe { sys::poll(pfds.as_mut_ptr(), pfds.len() as _, ms) } <= 0 {
             continue;
         }
         for pfd in &pfds {
             if pfd.revents != 0 {
-                let i = fds.iter().position(|f| *f == Some(pfd.fd)).unwrap();
+                let Some(i) = fds.iter().position(|f| *f == Some(pfd.fd)) else {
+                    let mut b = [0u8; 16];
+                    unsafe { sys::read(pfd.fd, b.as_mut_ptr() as *mut _, b.len()) }; // the wake-up
+                    continue;
+                };
                 if !drain(&p, pfd.fd, i, &mut chunk) {
                     fds[i] = None;
                 }
             }
         }
     }
+    s.waiter.clear_wake();
+    drop(wake);
     *p.input.lock().unwrap() = None;
     let mut st = p.state.lock().unwrap();
     st.finished = true;
