@@ -30,6 +30,7 @@ AGENT_ERRORS: dict[str, type[errors.RollboxError]] = {
     "process_not_found": errors.ProcessNotFound,
     "stdin_closed": errors.StdinClosed,
     "not_a_pty": errors.NotAPty,
+    "resource_exhausted": errors.ResourceExhausted,  # e.g. no thread for a process's reader (pids limit)
 }
 
 

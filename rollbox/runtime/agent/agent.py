@@ -546,6 +546,9 @@ def op_proc_start(req):
         raise ValueError("command not found: %s" % req["argv"][0])
     except PermissionError as e:
         raise ValueError("cannot run %r: %s" % (req["argv"][0], e))
+    except BlockingIOError:  # EAGAIN from fork: RLIMIT_NPROC (it counts threads too)
+        raise procs.ProcError("resource_exhausted", "cannot start %r: the sandbox is at its process limit; "
+                                                    "nothing was started" % req["argv"][0])
 
 
 OPS = {
