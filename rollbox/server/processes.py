@@ -194,7 +194,8 @@ class Processes:
             deadline = None if timeout is None else time.monotonic() + timeout
             buf = b""
             while True:
-                r = await self.read(sandbox_id, pid, stdout=offset, stderr=1 << 62, wait=READ_WAIT_S)
+                wait = READ_WAIT_S if deadline is None else max(0.0, min(READ_WAIT_S, deadline - time.monotonic()))
+                r = await self.read(sandbox_id, pid, stdout=offset, stderr=1 << 62, wait=wait)
                 data = base64.b64decode(r["stdout"]["data"])
                 offset = r["stdout"]["offset"] + len(data)
                 buf += data

@@ -294,6 +294,7 @@ def test_retention_is_bounded_and_keeps_the_head(sb: SandboxInstance, home: Path
 def test_a_process_running_at_snapshot_runs_on_in_every_copy(client: Client) -> None:
     src = Sandbox(memory=256, client=client).create()
     made = [src]
+    snap = None
     try:
         p = src.process.exec("python3", "-u", "-c", "import time,os\nfor i in range(600): print(i); time.sleep(0.05)")
         it = iter(p.stdout)
@@ -321,6 +322,8 @@ def test_a_process_running_at_snapshot_runs_on_in_every_copy(client: Client) -> 
     finally:
         for s in made:
             s.terminate()
+        if snap is not None:
+            client.request("DELETE", f"/snapshots/{snap}")
 
 
 def test_rollbox_shell_and_process_ls(sb: SandboxInstance, home: Paths) -> None:
@@ -332,3 +335,20 @@ def test_rollbox_shell_and_process_ls(sb: SandboxInstance, home: Paths) -> None:
     r = subprocess.run([*cli, "process", "ls", sb.sandbox_id], env=_env(home), capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and "exited" in r.stdout and "bash -l" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_routes_are_in_the_openapi_spec_and_output_streams_once_without_follow(sb: SandboxInstance,
+                                                                                    client: Client) -> None:
+    spec = client.request("GET", "/openapi.json")
+    paths = spec["paths"]
+    for path in ("/sandboxes/{sandbox_id}/processes", "/sandboxes/{sandbox_id}/processes/{pid}/output",
+                 "/sandboxes/{sandbox_id}/processes/{pid}/stdin", "/sandboxes/{sandbox_id}/run_code"):
+        assert path in paths, sorted(paths)
+    assert "application/x-ndjson" in paths["/sandboxes/{sandbox_id}/processes/{pid}/output"]["get"]["responses"]["200"][
+        "content"]
+    p = sb.process.exec("sh", "-c", "echo now; sleep 30")
+    assert next(iter(p.stdout)) == b"now\n"
+    events = list(client.stream_lines(f"/sandboxes/{sb.sandbox_id}/processes/{p.pid}/output",
+                                      params={"follow": "false"}))
+    assert events[0]["stream"] == "stdout" and events[-1]["exit"]["running"] is True  # what is there, then at once the end
+    p.kill()
