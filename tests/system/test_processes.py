@@ -273,6 +273,10 @@ def test_run_code_keeps_state_and_returns_value_and_error(sb: SandboxInstance) -
     assert r.error is not None and r.error.name == "KeyError" and r.error.value == "'k'"
     assert "line 2, in f" in r.error.traceback and "code_driver" not in r.error.traceback
     assert sb.process.run_code("x").value == "41"  # a failed snippet keeps the state
+    with pytest.raises(rollbox.InvalidState, match="timeout"):
+        sb.process.run_code("import time\ntime.sleep(30)", timeout=0.5)
+    r = sb.process.run_code("'x' in dir()")  # the killed interpreter's state is gone; a fresh one answers
+    assert r.value == "False" and r.error is None
 
 
 def test_retention_is_bounded_and_keeps_the_head(sb: SandboxInstance, home: Paths) -> None:
@@ -319,6 +323,12 @@ def test_a_process_running_at_snapshot_runs_on_in_every_copy(client: Client) -> 
             q.kill()
             assert q.wait(timeout=10).exit_code == 137
         assert p.status().running  # the source's own process is untouched by the copies' kills
+        src.pause()
+        src.resume()
+        assert p.status().running  # and a pause/resume carries it too
+        it = iter(p.stdout)
+        assert next(it).startswith(b"0\n")
+        it.close()
     finally:
         for s in made:
             s.terminate()
