@@ -53,7 +53,8 @@ class Processes:
         except errors.ApiError:
             raise
         except errors.RollboxError as e:
-            if type(e) is errors.RollboxError and ("unknown op" in e.message.lower() or f"KeyError: '{op}'" in e.message):
+            if type(e) in (errors.RollboxError, errors.AgentFailed) and (
+                    "unknown op" in e.message.lower() or f"KeyError: '{op}'" in e.message):
                 raise errors.UnsupportedOperation(
                     f"sandbox {sandbox_id}'s agent has no background processes ({op}): it is an older build; "
                     "start a fresh sandbox, or force the Python agent with ROLLBOX_AGENT=python", sandbox_id=sandbox_id

@@ -247,13 +247,14 @@ pub fn marked_pids(needle: &[u8]) -> Vec<sys::pid_t> {
 }
 
 /// SIGKILLs the exec's process group and every process carrying its mark, until none is left.
-/// Returns how many processes the exec had when the kill began.
+/// Returns how many processes the exec had when the kill began: counted before the first
+/// signal, since a killed process's environ is gone at once (counted after the group's kill,
+/// a fork bomb at its limit showed anywhere between a few and all of its processes).
 pub fn kill_tree(pid: sys::pid_t, needle: &[u8]) -> usize {
-    let mut first: Option<usize> = None;
+    let first = marked_pids(needle).len();
     for _ in 0..50 {
         unsafe { sys::kill(-pid, sys::SIGKILL) };
         let pids = marked_pids(needle);
-        first.get_or_insert(pids.len());
         for p in &pids {
             unsafe { sys::kill(*p, sys::SIGKILL) };
         }
@@ -262,17 +263,18 @@ pub fn kill_tree(pid: sys::pid_t, needle: &[u8]) -> usize {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    first.unwrap_or(0)
+    first
 }
 
 /// An exec whose tree holds this many processes when its timeout kills it ran into
-/// RLIMIT_NPROC (a fork bomb): half the soft limit, as agent.py reports it.
+/// RLIMIT_NPROC (a fork bomb): half the soft limit, as agent.py reports it (the limit counts
+/// the agent's own threads too, so a bomb never has all of it).
 pub fn pids_report_at() -> usize {
     let text = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("Max processes") {
             if let Some(Ok(n)) = rest.split_whitespace().next().map(|v| v.parse::<usize>()) {
-                return (n / 2).max(16);
+                return (n / 2).max(4);
             }
         }
     }
