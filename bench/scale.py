@@ -198,6 +198,10 @@ class RawRunc:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def episode_ms(self) -> float:
+        return self.run(["/bin/true"])[0]
+
+    def run(self, argv: list[str], timeout: float = 60.0) -> tuple[float, int]:
+        """One `runc run` of `argv` in a fresh container: (milliseconds, exit status)."""
         with self.lock:
             self.n += 1
             cid = f"rr{os.getpid():x}{self.n:08x}".ljust(24, "0")[:24]
@@ -209,16 +213,16 @@ class RawRunc:
         try:
             spec = runc_spec(oci_spec(BundleSpec(rootfs=d / "rootfs", cgroup_path=f"/{self.cgroup_parent}/{cid}",
                                                  cpu=1.0, memory_mib=256)))
-            spec["process"]["args"] = ["/bin/true"]
+            spec["process"]["args"] = argv
             spec["mounts"] = [m for m in spec["mounts"] if m["destination"] != "/.rollbox"]
             (d / "config.json").write_text(json.dumps(spec))
             t0 = time.perf_counter()
             res = subprocess.run([self.binary, "--root", str(self.work / "runc-root"), "run", "--bundle", str(d), cid],
-                                 stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+                                 stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
             ms = (time.perf_counter() - t0) * 1000
-            if res.returncode != 0:
+            if res.returncode != 0 and argv == ["/bin/true"]:
                 raise RuntimeError(f"runc run: {res.stderr.decode()[-300:]}")
-            return ms
+            return ms, res.returncode
         finally:
             subprocess.run([self.binary, "--root", str(self.work / "runc-root"), "delete", "-f", cid],
                            capture_output=True)
@@ -326,10 +330,11 @@ def _mem_available_mib() -> float:
 
 
 def idle_density(snap: str, limit: int = 600, batch: int = 25, floor_mib: float = 2048,
-                 wall_s: float = 600) -> dict[str, Any]:
+                 wall_s: float = 600, auto_pause_seconds: float | None = None) -> dict[str, Any]:
     """Restores sandboxes and keeps them idle, `batch` at a time; stops when the batch's restore
     p50 is twice the first batch's, MemAvailable < floor_mib, `limit` is reached or `wall_s`
-    passed. Terminates them all before returning."""
+    passed. Terminates them all before returning. With `auto_pause_seconds`, each is restored
+    with that auto-pause delay (the daemon pauses it to disk once idle)."""
     kept: list[SandboxInstance] = []
     base: float | None = None
     reason, batches = "limit", []
@@ -339,7 +344,8 @@ def idle_density(snap: str, limit: int = 600, batch: int = 25, floor_mib: float 
             lat = []
             for _ in range(batch):
                 t0 = time.perf_counter()
-                sb = Sandbox(keep_warm_seconds=900).create_from_memory_snapshot(snap)
+                sb = Sandbox(keep_warm_seconds=900, auto_pause_seconds=auto_pause_seconds
+                             ).create_from_memory_snapshot(snap)
                 sb.exec("true")
                 lat.append((time.perf_counter() - t0) * 1000)
                 kept.append(sb)

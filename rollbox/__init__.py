@@ -6,6 +6,7 @@
 from .version import __version__
 
 from .errors import (  # noqa: E402
+    AgentFailed,
     ApiError,
     ContainerNotFound,
     DaemonUnavailable,
@@ -33,6 +34,7 @@ from .errors import (  # noqa: E402
     StdinClosed,
     UnsupportedImage,
     UnsupportedOperation,
+    VolumeBusy,
     VolumeNotFound,
 )
 from .distributed import init  # noqa: E402
@@ -45,6 +47,7 @@ from .sdk.volume import Volume  # noqa: E402
 from .types import EpisodeResult, ExecResult, FileEntry, SandboxInfo  # noqa: E402
 
 __all__ = [
+    "AgentFailed",
     "ApiError",
     "CodeError",
     "CodeResult",
@@ -88,6 +91,7 @@ __all__ = [
     "UnsupportedImage",
     "UnsupportedOperation",
     "Volume",
+    "VolumeBusy",
     "VolumeNotFound",
     "__version__",
     "function",

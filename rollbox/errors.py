@@ -16,9 +16,11 @@
     ├── InvalidState             (e.g. exec on a terminated sandbox)
     │   ├── UnsupportedOperation (the sandbox's runtime cannot do it, e.g. a runc memory snapshot)
     │   ├── StdinClosed          (a write to a background process's stdin after it was closed)
+    │   ├── VolumeBusy           (a read-write mount beside a gVisor writer of the same volume)
     │   └── SandboxTerminated
     │       └── FunctionTimeout  (a remote function ran past its timeout; its sandbox was killed)
     ├── SandboxLost              (died or unreachable: an infrastructure fault, retryable)
+    ├── AgentFailed              (the in-sandbox agent could not do an operation; its kind says why)
     ├── RuntimeMissing           (runsc or a host prerequisite is absent; carries the fix)
     ├── ResourceExhausted        (disk full, too many sandboxes)
     ├── ResourceUnavailable      (not on this machine at all, e.g. a GPU)
@@ -106,6 +108,13 @@ class UnsupportedOperation(InvalidState):
     code = "unsupported_operation"
 
 
+class VolumeBusy(InvalidState):
+    """A read-write volume mount was refused: another sandbox mounts the volume read-write and
+    one of the two is gVisor, whose concurrent writes to one file are not kept intact."""
+
+    code = "volume_busy"
+
+
 class SandboxTerminated(InvalidState):
     code = "sandbox_terminated"
 
@@ -137,6 +146,15 @@ class NotAPty(InvalidArgument):
 
 class SandboxLost(RollboxError):
     code, status, retryable = "sandbox_lost", 502, True
+
+
+class AgentFailed(RollboxError):
+    """The agent inside the sandbox could not do the operation for a reason of the sandbox's own
+    (e.g. it cannot make a thread or a pipe, or an OS error it has no better code for); the
+    message carries its kind and the OS error. Not retryable as such: the same call on the same
+    sandbox likely fails the same way (a fresh sandbox may not)."""
+
+    code, status = "agent_error", 500
 
 
 class RuntimeMissing(RollboxError):
@@ -198,8 +216,8 @@ CODES: dict[str, type[RollboxError]] = {
         RollboxError, InvalidArgument, NotFound, SandboxNotFound, SnapshotNotFound, ImageNotFound,
         VolumeNotFound, FileNotFoundInSandbox, InvalidState, SandboxTerminated, SandboxLost, RuntimeMissing,
         ResourceExhausted, DaemonUnavailable, ApiError, ImagePullError, ImageCorrupt, UnsupportedImage,
-        ImageBuildError, FunctionTimeout, ResourceUnavailable, Unauthorized, UnsupportedOperation,
-        ContainerNotFound, EpisodePoolNotFound, ProcessNotFound, StdinClosed, NotAPty,
+        ImageBuildError, FunctionTimeout, ResourceUnavailable, Unauthorized, UnsupportedOperation, VolumeBusy,
+        ContainerNotFound, EpisodePoolNotFound, AgentFailed, ProcessNotFound, StdinClosed, NotAPty,
     )
 }
 

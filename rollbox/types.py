@@ -21,7 +21,7 @@ class ExecResult:
         timed_out: the command ran past its timeout and its whole process tree was killed.
         oom_killed: the sandbox ran out of memory while the command ran (the sandbox is gone).
         pids_limited: the command's process tree filled the sandbox's process limit (a fork
-            bomb; RLIMIT_NPROC, 512 tasks) when its timeout killed it.
+            bomb; `Sandbox(pids=...)`, 512 tasks by default) when its timeout killed it.
         signal: the signal number that ended the process, or None.
         duration_s: wall-clock seconds from start to exit, measured inside the sandbox.
     """
@@ -103,6 +103,9 @@ class SandboxInfo:
     network: dict[str, Any] | None = None
     # "gvisor" (the default) or "runc" (the lighter tier: weaker isolation, no memory snapshots).
     runtime: str = "gvisor"
+    # The most processes and threads it may hold at once (`Sandbox(pids=...)`); None: unknown
+    # (a sandbox recorded before the limit was).
+    pids: int | None = None
 
 
 @dataclass(frozen=True)

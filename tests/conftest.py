@@ -37,6 +37,8 @@ os.environ.pop("ROLLBOX_URL", None)
 os.environ.pop("ROLLBOX_TOKEN", None)
 # A canary in the environment the test daemon inherits: no sandbox may ever see it.
 os.environ.setdefault("ROLLBOX_TEST_CANARY", "daemon-env-canary-" + os.urandom(6).hex())
+# The test daemon logs at debug: tests/security/test_policies.py checks what that never prints.
+os.environ.setdefault("ROLLBOX_LOG_LEVEL", "debug")
 
 
 def _provision_base_image() -> None:

@@ -78,7 +78,7 @@ class ExclusiveConnections(httpx.BaseTransport):
         req = httpcore.Request(method=request.method,
                                url=httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port,
                                                 target=url.raw_path),
-                               headers=request.headers.raw, content=request.stream,  # type: ignore[arg-type]
+                               headers=request.headers.raw, content=request.stream,
                                extensions=request.extensions)
         timeout = (request.extensions.get("timeout") or {}).get("pool")
         if not self._slots.acquire(timeout=timeout):

@@ -44,7 +44,7 @@ class Candidate:
 
 
 def _program(problem: dict[str, Any], completion: str) -> str:
-    return (problem["prompt"] + completion + "\n\n" + problem["test"] + "\n\n"
+    return str(problem["prompt"] + completion + "\n\n" + problem["test"] + "\n\n"
             + f"check({problem['entry_point']})\n")
 
 

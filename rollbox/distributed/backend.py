@@ -91,10 +91,10 @@ def pickle_by_value(obj: Any, module: str | None) -> bytes:
     the caller's module (a test file, a notebook, a script)."""
     mod = sys.modules.get(module or "")
     if mod is None or mod.__name__ == "__main__" or mod.__name__.startswith("rollbox."):
-        return cloudpickle.dumps(obj)
+        return bytes(cloudpickle.dumps(obj))
     cloudpickle.register_pickle_by_value(mod)
     try:
-        return cloudpickle.dumps(obj)
+        return bytes(cloudpickle.dumps(obj))
     finally:
         cloudpickle.unregister_pickle_by_value(mod)
 

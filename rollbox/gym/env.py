@@ -143,7 +143,8 @@ class RemoteEnv(gymnasium.Env[Any, Any]):
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
         """One step in the sandbox: (obs, reward, terminated, truncated, info)."""
         self.send_step(action)
-        return self.recv_step()
+        obs, reward, terminated, truncated, info = self.recv_step()
+        return obs, reward, terminated, truncated, info
 
     def render(self) -> Any:
         """The remote env's render() (an RGB array for render_mode="rgb_array")."""
@@ -176,7 +177,7 @@ class RemoteEnv(gymnasium.Env[Any, Any]):
     def _rng(self) -> Any:
         return self._live().call("rng")
 
-    @property  # type: ignore[override]
+    @property
     def _np_random(self) -> np.random.Generator | None:
         got = self._rng()
         return None if got is None else _generator(got["state"])

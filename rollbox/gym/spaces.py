@@ -86,8 +86,8 @@ def space_from_wire(d: Any, depth: int = 0) -> spaces.Space[Any]:
             return spaces.Sequence(space_from_wire(d["space"], depth + 1), stack=bool(d["stack"]))
         if kind == "Graph":
             edge = d["edge"]
-            return spaces.Graph(space_from_wire(d["node"], depth + 1),  # type: ignore[arg-type]
-                                None if edge is None else space_from_wire(edge, depth + 1))  # type: ignore[arg-type]
+            return spaces.Graph(space_from_wire(d["node"], depth + 1),
+                                None if edge is None else space_from_wire(edge, depth + 1))
         if kind == "OneOf":
             return spaces.OneOf([space_from_wire(s, depth + 1) for s in d["spaces"]])
     except (KeyError, TypeError, ValueError, AssertionError) as e:

@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import ImageCorrupt, ImageNotFound, UnsupportedImage
-from .layers import (ANNOTATION_REF_NAME, MAX_JSON_BYTES, Descriptor, LayerBlob, Manifest, check_layer_media_type,
-                     host_platform, import_image, manifest_kind, parse_index, parse_json,
-                     parse_manifest, split_digest, verify_bytes)
+from .layers import LayerBlob, import_image
+from .manifest import (ANNOTATION_REF_NAME, MAX_JSON_BYTES, Descriptor, Manifest, check_layer_media_type,
+                       host_platform, manifest_kind, parse_index, parse_json, parse_manifest, split_digest,
+                       verify_bytes)
 from .store import ImageMeta, ImageStore
 
 MAX_INDEX_DEPTH = 4
@@ -175,11 +176,13 @@ def _pick_entry(entries: Any, ref: str | None, path: Path) -> dict[str, Any]:
     if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
         raise ImageCorrupt(f"manifest.json of {path} is not a list of images: save the image again")
     if ref is None:
-        return entries[0]
+        first: dict[str, Any] = entries[0]
+        return first
     wanted = {ref, ref + ":latest"} if ":" not in ref.rsplit("/", 1)[-1] else {ref}
     for e in entries:
         if wanted & set(e.get("RepoTags") or []):
-            return e
+            found: dict[str, Any] = e
+            return found
     have = ", ".join(t for e in entries for t in (e.get("RepoTags") or [])) or "only untagged images"
     raise ImageNotFound(f"{path} has no image tagged {ref!r} (it has {have}): pass one of those as ref")
 

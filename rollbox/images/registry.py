@@ -33,9 +33,10 @@ import tenacity
 from ..errors import (ImageCorrupt, ImageNotFound, ImagePullError, InvalidArgument, ResourceExhausted,
                       RollboxError)
 from ..runtime.rootfs import remove_tree
-from .layers import (INDEX_TYPES, MANIFEST_TYPES, MAX_JSON_BYTES, Descriptor, LayerBlob,
-                     Manifest, import_image, image_id_for, manifest_kind, parse_index, parse_json,
-                     parse_manifest, pick_platform, split_digest, verify_bytes)
+from .layers import LayerBlob, import_image
+from .manifest import (INDEX_TYPES, MANIFEST_TYPES, MAX_JSON_BYTES, Descriptor, Manifest, image_id_for,
+                       manifest_kind, parse_index, parse_json, parse_manifest, pick_platform, split_digest,
+                       verify_bytes)
 from .store import ImageMeta, ImageStore
 
 DOCKER_HUB = "registry-1.docker.io"

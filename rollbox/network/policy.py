@@ -32,7 +32,7 @@ def check_ports(ports: object) -> tuple[int, ...]:
     if isinstance(ports, (str, bytes)) or not hasattr(ports, "__iter__"):
         raise InvalidArgument(f"ports={ports!r} must be a list of TCP port numbers")
     out: list[int] = []
-    for p in ports:  # type: ignore[attr-defined]
+    for p in ports:
         p = check_port(p)
         if p not in out:
             out.append(p)
@@ -77,7 +77,7 @@ class NetworkPolicy:
         if isinstance(allow_list, (str, bytes)) or not hasattr(allow_list, "__iter__"):
             raise InvalidArgument(f"allow_list={allow_list!r} must be a list of CIDRs and host names")
         entries: list[str] = []
-        for e in allow_list:  # type: ignore[attr-defined]
+        for e in allow_list:
             if not isinstance(e, str) or not e.strip():
                 raise InvalidArgument(f"allow_list entry {e!r} must be a non-empty string (a CIDR or a host name)")
             e = e.strip()

@@ -51,6 +51,45 @@ DEFAULT_ENV = {
     "PYTHONDONTWRITEBYTECODE": "1",
 }
 CPU_PERIOD_US = 100_000
+# The most tasks (processes + threads) in a sandbox by default: RLIMIT_NPROC inside gVisor,
+# whose kernel counts every task of the sandbox's uid 0 (the agent's ~7 tasks included; the
+# agent itself, holding CAP_SYS_ADMIN, is never refused). At 1024 a bash fork bomb starved
+# the agent on one core, at 512 it did not.
+DEFAULT_PIDS = 512
+# The host cgroup's pids.max for `pids` tasks inside, per gVisor platform: (per task, base).
+# A sentry that cannot make a host task dies with its whole sandbox (measured: pids.max 120
+# under 100 sleeps ended it), while RLIMIT_NPROC refuses a fork with EAGAIN inside; so the
+# host limit sits above what `pids` tasks inside need, a backstop that bounds the host side.
+# - systrap: every address space inside has a stub process on the host, pooled and never
+#   freed while the sandbox lives; fork bombs peaked at 2.1-2.25 host tasks per task inside
+#   plus ~22 of the idle sandbox's own (166 at pids=64, 570 at 256, 1,075 at 512), the same
+#   after 6 bombs in a row.
+# - ptrace: a host thread per address space and sentry thread that ran it, none freed: each
+#   fork bomb at pids=64 added ~300-400 (583 after one, 2,238 after six), so this limit ends a
+#   ptrace sandbox that keeps bombing rather than let it grow without bound.
+HOST_TASKS = {"systrap": (3, 64), "ptrace": (16, 1024)}
+
+
+def host_pids_max(pids: int, platform: str = "systrap") -> int:
+    """The host cgroup pids.max of a gVisor sandbox allowed `pids` tasks inside (HOST_TASKS)."""
+    per_task, base = HOST_TASKS.get(platform, HOST_TASKS["systrap"])
+    return per_task * pids + base
+
+
+def tmpfs_mounts(memory_mib: int, *, tmp_in_memory: bool) -> tuple[tuple[str, int], ...]:
+    """The sandbox's memory-backed mounts and their bounds in MiB: /dev/shm, and /tmp when it
+    is not on the writable layer (Docker sandboxes: their vfs storage failed on the gofer).
+
+    Without an explicit mount gVisor makes /dev (and so /dev/shm) and an empty /tmp tmpfs
+    sized at half the *host's* memory (runsc boot: tmpfs.SetDefaultSizeLimit(TotalHostMem/2)),
+    so filling one ended the whole sandbox as `oom` instead of failing with ENOSPC. Their
+    pages count against the sandbox's memory limit: each gets a quarter of it, so both
+    together fill at most half.
+    """
+    quarter = max(1, memory_mib // 4)
+    return (("/dev/shm", quarter), *((("/tmp", quarter),) if tmp_in_memory else ()))
+
+
 # Every capability, for `docker_enabled` sandboxes (a Docker daemon inside gVisor needs them;
 # they are the sandbox kernel's capabilities, not the host's).
 ALL_CAPS = [*DEFAULT_CAPS, "CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SYS_PTRACE", "CAP_SYS_RESOURCE", "CAP_IPC_LOCK",
@@ -65,7 +104,9 @@ class BundleSpec:
     """What a sandbox's OCI spec depends on.
 
     cpu: CPU cores (CFS quota = cpu * 100 ms per 100 ms period); memory_mib: the whole sandbox's
-    memory limit in MiB, gVisor's own kernel included (PLATFORM.md); pids: max host tasks.
+    memory limit in MiB, gVisor's own kernel included (PLATFORM.md); pids: the most tasks
+    (processes and threads, the agent's included) inside, RLIMIT_NPROC; the host cgroup's
+    pids.max is derived from it (`host_pids_max`).
     """
 
     rootfs: Path
@@ -75,10 +116,12 @@ class BundleSpec:
     hostname: str = "rollbox"
     env: dict[str, str] = field(default_factory=dict)
     agent_dir: Path = AGENT_DIR
-    pids: int = 4096
-    nproc: int = 512
-    # (host directory, path in the sandbox): named volumes, bind-mounted read-write.
-    binds: tuple[tuple[str, str], ...] = ()
+    pids: int = DEFAULT_PIDS
+    platform: str = "systrap"  # gVisor's, for the host pids limit (runc's spec sets its own)
+    # (host directory, path in the sandbox, read-only): named volumes, bind-mounted.
+    binds: tuple[tuple[str, str, bool], ...] = ()
+    # (path in the sandbox, MiB): memory-backed tmpfs mounts with a size bound (`tmpfs_mounts`).
+    tmpfs: tuple[tuple[str, int], ...] = ()
     # A prepared network namespace (/run/netns/NAME) for gVisor's netstack; None: loopback only.
     netns_path: str | None = None
     # OCI device entries (NVIDIA GPUs for nvproxy); empty: none.
@@ -105,11 +148,10 @@ def oci_spec(spec: BundleSpec) -> dict[str, object]:
             "env": [f"{k}={v}" for k, v in env.items()],
             "cwd": "/",
             "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},
-            # NPROC bounds a fork bomb inside gVisor (it counts the sandbox's tasks; at 1024 a bash
-            # bomb starved the agent on one core, at 512 it did not); the agent
-            # needs ~40 threads itself. No CAP_SYS_RESOURCE, so it cannot be raised.
+            # NPROC bounds a fork bomb inside gVisor (DEFAULT_PIDS). No CAP_SYS_RESOURCE, so a
+            # command cannot raise it.
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536},
-                        {"type": "RLIMIT_NPROC", "hard": spec.nproc, "soft": spec.nproc}],
+                        {"type": "RLIMIT_NPROC", "hard": spec.pids, "soft": spec.pids}],
         },
         "root": {"path": str(spec.rootfs), "readonly": False},
         "hostname": spec.hostname,
@@ -122,8 +164,10 @@ def oci_spec(spec: BundleSpec) -> dict[str, object]:
             *([{"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup"}] if spec.privileged else []),
             {"destination": AGENT_MOUNT, "type": "bind", "source": str(spec.agent_dir),
              "options": ["rbind", "ro"]},
-            *({"destination": dest, "type": "bind", "source": src, "options": ["rbind", "rw", "nosuid", "nodev"]}
-              for src, dest in spec.binds),
+            *({"destination": dest, "type": "tmpfs", "source": "tmpfs",
+               "options": ["nosuid", "nodev", "mode=1777", f"size={mib}m"]} for dest, mib in spec.tmpfs),
+            *({"destination": dest, "type": "bind", "source": src,
+               "options": ["rbind", "ro" if ro else "rw", "nosuid", "nodev"]} for src, dest, ro in spec.binds),
         ],
         "linux": {
             "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
@@ -132,7 +176,7 @@ def oci_spec(spec: BundleSpec) -> dict[str, object]:
             "resources": {
                 "memory": {"limit": spec.memory_mib * 1024 * 1024},
                 "cpu": {"quota": int(spec.cpu * CPU_PERIOD_US), "period": CPU_PERIOD_US},
-                "pids": {"limit": spec.pids},
+                "pids": {"limit": host_pids_max(spec.pids, spec.platform)},
             },
             **({"devices": list(spec.devices)} if spec.devices else {}),
         },

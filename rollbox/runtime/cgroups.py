@@ -106,3 +106,19 @@ def leftover_ids(parent: str = PARENT) -> set[str]:
         if d.is_dir():
             ids.update(p.name for p in d.iterdir() if p.is_dir())
     return ids
+
+
+def remove_parent(parent: str = PARENT) -> list[Path]:
+    """Removes a daemon's own parent directories (one per controller) when no sandbox cgroup
+    is left in them; returns those still there (a sandbox outlives its daemon's stop)."""
+    left: list[Path] = []
+    if not CGROUP_ROOT.exists():
+        return left
+    for ctl in os.listdir(CGROUP_ROOT):
+        d = CGROUP_ROOT / ctl / parent
+        if d.is_dir():
+            try:
+                d.rmdir()
+            except OSError:
+                left.append(d)
+    return left

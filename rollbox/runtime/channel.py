@@ -25,15 +25,17 @@ import struct
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import RollboxError, SandboxLost
+from ..errors import AgentFailed, SandboxLost
 
 _HDR = struct.Struct(">I")
 MAC_LEN = 32
 MAX_FRAME = 512 * 1024 * 1024
 
 
-class AgentError(RollboxError):
-    """The agent answered with an error (`kind` is its code, e.g. `not_found`)."""
+class AgentError(AgentFailed):
+    """The agent answered with an error (`kind` is its code, e.g. `not_found`); kinds with a
+    better class are converted by the daemon (server/execfiles.py AGENT_ERRORS), the rest
+    reach the client as AgentFailed (code `agent_error`)."""
 
     def __init__(self, kind: str, message: str, *, sandbox_id: str | None = None) -> None:
         super().__init__(message, sandbox_id=sandbox_id)

@@ -111,6 +111,10 @@ class Driver(Protocol):
     def forget(self, container_id: str) -> None:
         """Removes the runtime's state files for a container it could not delete."""
 
+    def known(self, container_id: str) -> bool:
+        """Whether the runtime has state for the container under its root (from its state
+        files, not from what a command printed)."""
+
     async def list_ids(self) -> list[str]:
         """Container ids the runtime knows under its state root."""
 

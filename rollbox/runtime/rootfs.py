@@ -47,12 +47,50 @@ def mount_disk(target: Path, size_mib: int) -> None:
                  ["mount", "-o", "loop,nosuid,nodev", str(img), str(target)]):
         res = subprocess.run(argv, capture_output=True, text=True)
         if res.returncode != 0:
+            full = disk_full(img)
             img.unlink(missing_ok=True)
             detail = res.stderr.strip()
-            if "No space left" in detail:
+            if full:
                 raise ResourceExhausted(f"disk full making the sandbox's writable layer under {target.parent}")
             raise RollboxError(f"making the sandbox's {size_mib} MiB writable layer at {target} failed: "
                                f"`{' '.join(argv[:1])}`: {detail} (are e2fsprogs and loop devices available?)")
+
+
+def _image_dir(upper: Path, lowers: list[Path], name: str, default_mode: int) -> bool:
+    """Makes `upper/name` for a fresh sandbox with the image's owner and mode for that
+    directory (an upper directory's attributes win in the merged view), or `default_mode` when
+    the image has none. False, making nothing, when the image's entry is not a directory."""
+    img = next((p / name for p in lowers if os.path.lexists(p / name)), None)
+    if img is not None and (img.is_symlink() or not img.is_dir()):
+        return False
+    (upper / name).mkdir(mode=default_mode)
+    st = img.stat() if img is not None else None
+    if st is not None:
+        os.chown(upper / name, st.st_uid, st.st_gid)
+    os.chmod(upper / name, (st.st_mode if st is not None else default_mode) & 0o7777)
+    return True
+
+
+def write_hostname(upper: Path, lowers: list[Path], name: str) -> None:
+    """Puts /etc/hostname (`name`) in a fresh sandbox's upper directory. Skipped when the
+    image's /etc is not a directory."""
+    if _image_dir(upper, lowers, "etc", 0o755):
+        (upper / "etc" / "hostname").write_text(name + "\n")
+
+
+# gVisor mounts a tmpfs of its own over an empty /tmp, sized at half the host's memory and
+# charged to the sandbox's memory limit (filling it ended the sandbox as `oom`). A file in /tmp
+# keeps /tmp on the disk-capped writable layer instead; the agent removes it at start.
+TMP_MARKER = ".rollbox-tmp-on-disk"
+
+
+def keep_tmp_on_disk(upper: Path, lowers: list[Path]) -> bool:
+    """Puts the marker in a fresh sandbox's /tmp (mode 1777 when the image has none); False
+    when the image's /tmp is not a directory (a symlink, say): /tmp then needs a bounded tmpfs."""
+    if not _image_dir(upper, lowers, "tmp", 0o1777):
+        return False
+    (upper / "tmp" / TMP_MARKER).touch(mode=0o600)
+    return True
 
 
 def is_mounted(target: Path) -> bool:
@@ -76,7 +114,7 @@ def copy_tree(src: Path, dst: Path) -> None:
     res = subprocess.run(["cp", "-a", "--reflink=auto", str(src), str(dst)],
                          capture_output=True, text=True)
     if res.returncode != 0:
-        if "No space left" in res.stderr:
+        if disk_full(dst):
             raise ResourceExhausted(f"disk full while copying {src}: free space under {dst.parent}")
         raise RollboxError(f"copying {src} to {dst} failed: {res.stderr.strip()}")
 
@@ -117,3 +155,18 @@ def tree_usage(path: Path) -> tuple[int, int]:
 def disk_free_bytes(path: Path) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+FULL_BELOW = 8 << 20  # bytes free under which a failed write is put down to a full disk
+
+
+def disk_full(path: Path) -> bool:
+    """Whether the filesystem holding `path` (or its nearest existing parent) is full: how a
+    failed command's cause is told from the filesystem's state, not from its message."""
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return disk_free_bytes(p) < FULL_BELOW
+    except OSError:
+        return False

@@ -6,7 +6,8 @@ the host kernel: a kernel bug reachable through the allowed syscalls is a host c
 The bundle is the same (host overlay rootfs, the agent as init on its stdio); `runc_spec`
 hardens it: no CAP_SYS_ADMIN, no new privileges, a Docker-default-style seccomp denylist,
 Docker's masked and read-only /proc paths, and the pids cgroup (not RLIMIT_NPROC, which on
-the host kernel counts every process of the host's root) against fork bombs.
+the host kernel counts every process of the host's root) at the sandbox's `pids` against fork
+bombs.
 No memory snapshots: `runc checkpoint` needs CRIU, which fails on this kernel (PLATFORM.md).
 A networked sandbox joins its slot's namespace directly (runc needs none of runsc's tricks).
 """
@@ -43,7 +44,6 @@ MASKED_PATHS = ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/pro
                 "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware",
                 "/sys/devices/virtual/powercap"]
 READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
-RUNC_PIDS = 1024
 
 
 def seccomp_profile() -> dict[str, Any]:
@@ -73,6 +73,8 @@ def runc_spec(spec: dict[str, Any]) -> dict[str, Any]:
     # runc sets rlimits from the host side: no higher than the daemon's own hard limit
     # (raising it needs a capability this host may withhold).
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # The sandbox's task limit (`pids`) is the pids cgroup here: each task is one host task.
+    pids = next(r["hard"] for r in proc["rlimits"] if r["type"] == "RLIMIT_NPROC")
     proc["rlimits"] = [
         {**r, "hard": min(r["hard"], hard), "soft": min(r["soft"], hard)} if r["type"] == "RLIMIT_NOFILE" else r
         for r in proc["rlimits"] if r["type"] != "RLIMIT_NPROC"]
@@ -80,8 +82,6 @@ def runc_spec(spec: dict[str, Any]) -> dict[str, Any]:
     spec["mounts"] = [m for m in spec["mounts"] if m["destination"] != "/sys/fs/cgroup"] + [
         {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
          "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
-        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
-         "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
         {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
     ]
     linux = spec["linux"]
@@ -89,8 +89,7 @@ def runc_spec(spec: dict[str, Any]) -> dict[str, Any]:
     linux["maskedPaths"] = MASKED_PATHS
     linux["readonlyPaths"] = READONLY_PATHS
     linux.pop("devices", None)
-    pids = linux["resources"].get("pids", {}).get("limit", RUNC_PIDS)
-    linux["resources"]["pids"] = {"limit": min(pids, RUNC_PIDS)}
+    linux["resources"]["pids"] = {"limit": pids}
     return spec
 
 
@@ -142,6 +141,10 @@ class Runc:
 
     def forget(self, container_id: str) -> None:
         shutil.rmtree(self.root / container_id, ignore_errors=True)
+
+    def known(self, container_id: str) -> bool:
+        """runc keeps `<id>/state.json` under its root for every container it knows."""
+        return (self.root / container_id / "state.json").is_file()
 
     async def list_ids(self) -> list[str]:
         if not self.root.is_dir():

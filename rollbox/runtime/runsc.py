@@ -142,6 +142,10 @@ class Runsc:
         found = [(pid, role) for pid, role in listed if pid > 0 and _runsc_role(pid, container_id) == role]
         return found or runsc_processes(container_id)
 
+    def known(self, container_id: str) -> bool:
+        """runsc keeps `<id>_sandbox:<id>.state` under its root for every container it knows."""
+        return (self.root / f"{container_id}_sandbox:{container_id}.state").exists()
+
     def forget(self, container_id: str) -> None:
         """Removes runsc's own state files for a container it could not delete."""
         for p in self.root.glob(f"*{container_id}*"):

@@ -19,12 +19,13 @@ import posixpath
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pathspec
 
 
 
-def _compile(pattern: str) -> pathspec.PathSpec:
+def _compile(pattern: str) -> "pathspec.PathSpec[Any]":
     try:
         return pathspec.PathSpec.from_lines("gitignore", [pattern])
     except (KeyError, LookupError):  # pathspec < 1.0 names it gitwildmatch
@@ -36,13 +37,13 @@ class DockerIgnore:
     """The patterns of a context's `.dockerignore` (empty: nothing excluded)."""
 
     patterns: tuple[str, ...] = ()
-    _specs: tuple[tuple[bool, pathspec.PathSpec], ...] = field(default=(), compare=False, repr=False)
+    _specs: tuple[tuple[bool, pathspec.PathSpec[Any]], ...] = field(default=(), compare=False, repr=False)
 
     @classmethod
     def from_lines(cls, lines: list[str]) -> "DockerIgnore":
         """Parses `.dockerignore` lines (Docker's syntax, see the module docstring)."""
         pats: list[str] = []
-        specs: list[tuple[bool, pathspec.PathSpec]] = []
+        specs: list[tuple[bool, pathspec.PathSpec[Any]]] = []
         for raw in lines:
             line = raw.strip()
             if not line or line.startswith("#"):

@@ -157,10 +157,10 @@ class Function(Generic[R]):
         in the sandbox (cloudpickle would otherwise pickle it by reference)."""
         mod = sys.modules.get(getattr(self.fn, "__module__", "") or "")
         if mod is None or mod.__name__ == "__main__":
-            return cloudpickle.dumps(self.fn)
+            return bytes(cloudpickle.dumps(self.fn))
         cloudpickle.register_pickle_by_value(mod)
         try:
-            return cloudpickle.dumps(self.fn)
+            return bytes(cloudpickle.dumps(self.fn))
         finally:
             cloudpickle.unregister_pickle_by_value(mod)
 

@@ -258,7 +258,8 @@ class SandboxPool:
                              tags={"rollbox.pool": self.pool_id}).create_from_memory_snapshot(self.snapshot_id)
         except errors.RollboxError as e:
             self._slots.release()
-            if isinstance(e, (errors.SnapshotNotFound, errors.InvalidArgument, errors.UnsupportedOperation)):
+            if isinstance(e, (errors.SnapshotNotFound, errors.InvalidArgument, errors.UnsupportedOperation,
+                              errors.VolumeBusy)):
                 raise
             return "infra_error", None, f"{type(e).__name__}: {e}", None, None, True
         except BaseException:
@@ -412,7 +413,7 @@ class SandboxPool:
                                          "or pool.submit(task, fn=run_episode)")
         if retries < 0:
             raise errors.InvalidArgument(f"retries={retries} must be >= 0")
-        if self._reaper._shutdown:  # type: ignore[attr-defined]
+        if self._reaper._shutdown:
             raise errors.InvalidState("this SandboxPool is closed; make a new one")
         if self._stream is None:
             self._stream = _Stream(self)

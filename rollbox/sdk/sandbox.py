@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import errors
-from ..client.default import default_client
+from ..client.default import default_client as default_client  # re-exported for SDK modules
 from ..client.transport import Client
 from ..types import ExecResult, FileEntry, SandboxInfo
 from ._aio import synchronized
@@ -44,8 +44,16 @@ class Sandbox:
         keep_warm_seconds: seconds without any API call after which the daemon terminates the
             sandbox (the backstop for leaked sandboxes); None or <= 0 keeps it forever. There
             is no cap on a sandbox's lifetime while it is used.
+        auto_pause_seconds: idle seconds (no API call, no command running, under 0.15 of a
+            core of CPU) after which the daemon pauses the sandbox to disk, so idle sandboxes
+            cost no CPU; the next call on it resumes it transparently (same id, files, memory
+            and processes; that call waits ~0.3-1 s for the restore). None: the daemon's
+            ROLLBOX_AUTO_PAUSE_SECONDS (unset: never); 0: never. Not applied to runc, GPU or
+            port-exposing sandboxes. keep_warm_seconds still ends it, paused or not.
         env: environment variables for every command.
-        volumes: `Volume(name=..., mount_path=...)` list, mounted read-write (created on first use).
+        volumes: `Volume(name=..., mount_path=..., read_only=False)` list (created on first use).
+            A read-write mount beside another sandbox's read-write mount of the same volume is
+            refused with VolumeBusy when either is gVisor (see `Volume`).
         tags: labels recorded with the sandbox's usage (`rollbox usage` sums per tag).
         ports: TCP ports in the sandbox to expose on the host at once (`list_urls()` gives
             their URLs; `expose_port()` adds more later).
@@ -67,6 +75,15 @@ class Sandbox:
             fails with ENOSPC inside the sandbox. The layer is a sparse, loop-mounted ext4 file
             of that size under ROLLBOX_HOME (this host kernel has no filesystem quotas): it uses
             host disk only for what is written. None: no cap, files go to the host disk.
+            /tmp, /run, /var/tmp and the home directory are on that layer too; /dev/shm is a
+            memory-backed tmpfs of a quarter of `memory` (writing past either bound fails
+            with ENOSPC, and the sandbox lives on).
+        pids: the most processes and threads the sandbox may hold at once (default 512, in
+            [16, 4096]), its init agent's ~7 tasks included: a fork past it fails with
+            EAGAIN inside, and a fork bomb's exec reports `pids_limited=True`. The host counts
+            them too: the sandbox's host cgroup allows 3 * pids + 64 tasks on systrap (which
+            keeps a host process per address space inside: ~2.2 per task, measured), pids
+            on runc.
 
         gpu: None, "any" or a model ("H100", "A100", ...): `gpu_count` NVIDIA GPUs through
             gVisor's nvproxy. On a machine without a matching GPU, create() raises
@@ -88,6 +105,7 @@ class Sandbox:
     cpu: float = 1.0
     memory: int = 1024
     keep_warm_seconds: float | None = 600
+    auto_pause_seconds: float | None = None
     env: dict[str, str] = field(default_factory=dict)
     volumes: list[Volume] = field(default_factory=list)
     tags: dict[str, str] = field(default_factory=dict)
@@ -100,13 +118,14 @@ class Sandbox:
     docker_enabled: bool = False
     disk: int | None = 4096
     runtime: str = "gvisor"
+    pids: int = 512
     client: Client | None = field(default=None, compare=False, repr=False)
 
     def _client(self) -> Client:
         return self.client or default_client()
 
     def _check_types(self) -> None:
-        for name, kinds in (("cpu", (int, float)), ("memory", (int,))):
+        for name, kinds in (("cpu", (int, float)), ("memory", (int,)), ("pids", (int,))):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, kinds):
                 raise errors.InvalidArgument(f"{name}={v!r} must be a number ({' or '.join(k.__name__ for k in kinds)})")
@@ -132,7 +151,8 @@ class Sandbox:
             "tags": self.tags, "ports": list(self.ports), "block_network": self.block_network,
             "allow_list": None if self.allow_list is None else list(self.allow_list),
             "entrypoint": self.entrypoint, "gpu": self.gpu, "gpu_count": self.gpu_count,
-            "docker_enabled": self.docker_enabled, "disk": self.disk, "runtime": self.runtime}))
+            "docker_enabled": self.docker_enabled, "disk": self.disk, "runtime": self.runtime, "pids": self.pids,
+            "auto_pause_seconds": self.auto_pause_seconds}))
         return SandboxInstance(info.sandbox_id, c, info)
 
     @synchronized
@@ -145,7 +165,8 @@ class Sandbox:
         check_id(snapshot_id, errors.SnapshotNotFound, "snapshot")
         c = self._client()
         info = _info(c.request("POST", f"/snapshots/{snapshot_id}/restore",
-                               json={"keep_warm_seconds": self.keep_warm_seconds, "tags": self.tags}))
+                               json={"keep_warm_seconds": self.keep_warm_seconds, "tags": self.tags,
+                                     "auto_pause_seconds": self.auto_pause_seconds}))
         return SandboxInstance(info.sandbox_id, c, info)
 
     @synchronized
@@ -243,13 +264,16 @@ class SandboxDocker:
 
     def run(self, image: str, *cmd: str, args: list[str] | None = None, timeout: float | None = None) -> ExecResult:
         """`docker run --rm --network=host [args] IMAGE CMD...` inside the sandbox."""
-        return self._sb.exec("docker", "run", "--rm", "--network=host", *(args or []), image, *cmd, timeout=timeout)
+        res: ExecResult = self._sb.exec("docker", "run", "--rm", "--network=host", *(args or []), image, *cmd,
+                                        timeout=timeout)
+        return res
 
     def load(self, archive: bytes) -> ExecResult:
         """`docker load` of an image archive (what `docker save` writes)."""
         path = "/tmp/.rollbox-docker-load.tar"
         self._sb.fs.write_file(path, archive)
-        return self._sb.exec("docker", "load", "-i", path, timeout=600)
+        res: ExecResult = self._sb.exec("docker", "load", "-i", path, timeout=600)
+        return res
 
 
 class SandboxInstance:

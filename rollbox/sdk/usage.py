@@ -23,7 +23,7 @@ class Rates:
     gpu_hour: float = 0.0
 
     def cost(self, row: dict[str, Any]) -> float:
-        return (row["reserved_cpu_seconds"] * self.cpu_hour + row["reserved_gib_seconds"] * self.gib_hour
+        return float(row["reserved_cpu_seconds"] * self.cpu_hour + row["reserved_gib_seconds"] * self.gib_hour
                 + row["gpu_seconds"] * self.gpu_hour) / 3600.0
 
 

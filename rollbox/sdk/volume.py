@@ -1,4 +1,4 @@
-"""Volume: a named persistent directory shared read-write by every sandbox that mounts it.
+"""Volume: a named persistent directory that sandboxes mount, read-write or read-only.
 
     vol = Volume(name="trajectories", mount_path="/data")
     sb = Sandbox(volumes=[vol]).create()          # created on first use
@@ -12,6 +12,7 @@ import base64
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import errors
 from ..client.default import default_client
 from ..client.transport import Client
 from ..names import check_volume_name
@@ -26,6 +27,16 @@ class Volume:
     Args:
         name: 1-63 characters of [a-z0-9._-]; the volume is created on first use.
         mount_path: absolute path inside the sandbox (e.g. "/data"); not "/", /proc, /dev, /sys.
+        read_only: mount it read-only. A read-write mount is refused with VolumeBusy while
+            another sandbox mounts the volume read-write and either of them is gVisor: gVisor
+            cannot keep concurrent writes to one file intact (two sandboxes appending to one
+            file overwrite each other's lines), so a volume has one gVisor writer at a time,
+            beside any number of read-only mounts; runc sandboxes may share a read-write mount.
+        shared_writes: waive that guarantee for a fleet whose sandboxes each write their own
+            files (one output file per episode): every sandbox mounting the volume with
+            shared_writes=True may write it at once (pools, forks and warm spares included).
+            Two of them writing ONE file (appends, a shared log) can lose lines. Such mounts
+            are still refused beside a plain read-write mount of the volume.
 
     Host-side methods take paths relative to the volume root ("/ep0.txt" = <mount_path>/ep0.txt)
     and never leave the volume (`..` and symlinks raise InvalidArgument).
@@ -36,16 +47,22 @@ class Volume:
 
     name: str
     mount_path: str = "/data"
+    read_only: bool = False
+    shared_writes: bool = False
     client: Client | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_volume_name(self.name)
+        if self.read_only and self.shared_writes:
+            raise errors.InvalidArgument(f"volume {self.name!r}: read_only=True and shared_writes=True contradict; "
+                                         "pick one")
 
     def _c(self) -> Client:
         return self.client or default_client()
 
-    def to_wire(self) -> dict[str, str]:
-        return {"name": self.name, "mount_path": self.mount_path}
+    def to_wire(self) -> dict[str, Any]:
+        return {"name": self.name, "mount_path": self.mount_path, "read_only": self.read_only,
+                "shared_writes": self.shared_writes}
 
     def _call(self, op: str, body: dict[str, Any]) -> Any:
         return self._c().request("POST", f"/volumes/{self.name}/files/{op}", json=body)

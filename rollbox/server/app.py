@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import time
 from dataclasses import asdict
 import json
 from typing import Any, Callable
@@ -19,6 +20,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
 from .. import errors
 from ..version import __version__
+from . import autopause
 from .episode_routes import add_episode_routes
 from .leases import Leases, add_lease_routes
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -31,6 +33,15 @@ log = logging.getLogger("rollbox.api")
 class VolumeMount(BaseModel):
     name: str = Field(description="volume name, created on first use")
     mount_path: str = Field(description="absolute path in the sandbox, e.g. /data")
+    read_only: StrictBool = Field(False, description="mount it read-only; a read-write mount is refused "
+                                  "(volume_busy) beside another read-write one when either sandbox is gVisor")
+    shared_writes: StrictBool = Field(False, description="share it read-write with other shared_writes mounts "
+                                      "(gVisor cannot keep concurrent writes to ONE file intact: each writer "
+                                      "should write its own files)")
+
+
+AUTO_PAUSE_DOC = ("idle seconds (no call, no command, little CPU) before the sandbox is paused to disk; the next "
+                  "call resumes it. null: the daemon's ROLLBOX_AUTO_PAUSE_SECONDS (unset: never); 0: never")
 
 
 class CreateSandbox(BaseModel):
@@ -55,6 +66,9 @@ class CreateSandbox(BaseModel):
                                    "with ENOSPC inside); null: no cap")
     runtime: StrictStr = Field("gvisor", description="'gvisor' (default) or 'runc' (weaker isolation: the host "
                                "kernel, namespaces + seccomp; no memory snapshots)")
+    pids: StrictInt = Field(512, description="the most processes and threads the sandbox may hold at once; a fork "
+                            "past it fails with EAGAIN inside")
+    auto_pause_seconds: float | None = Field(None, allow_inf_nan=False, description=AUTO_PAUSE_DOC)
 
 
 class BuildImage(BaseModel):
@@ -76,6 +90,7 @@ class NetworkPermissions(BaseModel):
 class RestoreSnapshot(BaseModel):
     keep_warm_seconds: float | None = Field(600, allow_inf_nan=False)
     tags: dict[str, str] = Field(default_factory=dict)
+    auto_pause_seconds: float | None = Field(None, allow_inf_nan=False, description=AUTO_PAUSE_DOC)
 
 
 class SnapshotRequest(BaseModel):
@@ -155,14 +170,22 @@ class TypedServerErrors:
             await self.app(scope, receive, send)
             return
         started = False
+        status = 0
+        t0 = time.monotonic()
 
         async def tracking_send(message: dict[str, Any]) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
+            nonlocal started, status
+            if message["type"] == "http.response.start":
+                started, status = True, int(message.get("status", 0))
             await send(message)
 
         try:
             await self.app(scope, receive, tracking_send)
+            if log.isEnabledFor(logging.DEBUG):
+                # Method, path and status only: bodies (exec argv and environments, file
+                # contents, stdin) are never logged at any level.
+                log.debug("%s %s -> %d in %.1f ms", scope.get("method"), scope.get("path"), status,
+                          (time.monotonic() - t0) * 1000)
         except (Exception, asyncio.CancelledError) as exc:
             what = f"{scope.get('method')} {scope.get('path')}"
             if isinstance(exc, asyncio.CancelledError) or self.stopping():
@@ -210,13 +233,16 @@ def create_app(service: SandboxService) -> FastAPI:
     async def create(body: CreateSandbox) -> dict[str, Any]:
         if body.image_id == "im-debian-bookworm":
             await asyncio.to_thread(service.images.ensure_debian)
+        auto_pause = autopause.resolve(body.auto_pause_seconds)
         info = await service.create(image_id=body.image_id, cpu=body.cpu, memory_mib=body.memory, env=body.env,
                                     keep_warm_seconds=body.keep_warm_seconds,
                                     volumes=[v.model_dump() for v in body.volumes], tags=body.tags,
                                     ports=body.ports, block_network=body.block_network, allow_list=body.allow_list,
                                     entrypoint=body.entrypoint, gpu=body.gpu, gpu_count=body.gpu_count,
-                                    disk_mib=body.disk,
+                                    disk_mib=body.disk, pids=body.pids,
                                     docker_enabled=body.docker_enabled, runtime=body.runtime)
+        if auto_pause is not None:
+            service.autopause.arm(info.sandbox_id, auto_pause)
         return asdict(info)
 
     @app.post("/sandboxes/{sandbox_id}/ports")
@@ -299,7 +325,11 @@ def create_app(service: SandboxService) -> FastAPI:
 
     @app.post("/snapshots/{snapshot_id}/restore")
     async def restore(snapshot_id: str, body: RestoreSnapshot) -> dict[str, Any]:
-        return asdict(await service.acquire(snapshot_id, keep_warm_seconds=body.keep_warm_seconds, tags=body.tags))
+        auto_pause = autopause.resolve(body.auto_pause_seconds)
+        info = await service.acquire(snapshot_id, keep_warm_seconds=body.keep_warm_seconds, tags=body.tags)
+        if auto_pause is not None:
+            service.autopause.arm(info.sandbox_id, auto_pause)
+        return asdict(info)
 
     @app.put("/snapshots/{snapshot_id}/warm")
     async def set_warm(snapshot_id: str, body: WarmRequest) -> dict[str, Any]:

@@ -41,8 +41,10 @@ class Artifacts:
         """Deletes a volume; refused while a sandbox (booting, running or paused) mounts it or a
         stored snapshot would mount it on restore."""
         ctx = self.ctx
-        if self.reg.volume_users.get(name):
-            raise errors.InvalidState(f"volume {name!r} is being mounted by a sandbox that is starting")
+        users = self.reg.mounts.users(name)
+        if users:
+            raise errors.InvalidState(f"volume {name!r} is mounted by sandbox {users[0]} (starting, running or ending); "
+                                      "terminate it first")
         snaps = [m.snapshot_id for m in ctx.snapshots.list() if any(v["name"] == name for v in m.volumes)]
         if snaps:
             raise errors.InvalidState(f"volume {name!r} is mounted by snapshot(s) {', '.join(snaps[:5])}; "

@@ -11,17 +11,17 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import errors
 from ..network.netns import Slot
 from ..network.policy import NetworkSpec, ResolvedPolicy
 from ..runtime import agentdir, cgroups
-from ..runtime.bundle import BundleSpec, default_agent, write_bundle
+from ..runtime.bundle import DEFAULT_PIDS, BundleSpec, default_agent, tmpfs_mounts, write_bundle
 from ..runtime.channel import AgentChannel, make_fifos, open_for_sandbox
 from ..runtime.driver import start_failed
 from ..runtime.gpu import Gpu, oci_devices as gpu_devices
-from ..runtime.rootfs import copy_tree, disk_free_bytes, mount_disk, mount_overlay
+from ..runtime.rootfs import copy_tree, disk_free_bytes, keep_tmp_on_disk, mount_disk, mount_overlay, write_hostname
 from ..runtime.runsc import DEFAULT_PLATFORM, PLATFORMS
 from ..snapshots.store import SnapshotMeta
 from ..types import SandboxInfo
@@ -31,25 +31,11 @@ from .lifecycle import SandboxState
 from .networking import Networking
 from .registry import Live, in_use
 from .teardown import DeathWatch, Teardown
-from .validation import BOOT_TIMEOUT_S, MIN_FREE_DISK, check_disk, check_env, check_limits, container_id, new_sandbox_id
+from .validation import (BOOT_TIMEOUT_S, MIN_FREE_DISK, check_disk, check_env, check_limits, check_pids, container_id,
+                         new_sandbox_id)
 
 if TYPE_CHECKING:
     from .warm import WarmPools
-
-
-def write_hostname(upper: Path, lowers: list[Path], name: str) -> None:
-    """Puts /etc/hostname (`name`) in a fresh sandbox's upper directory, its /etc keeping the
-    image's owner and mode (an upper directory's attributes win in the merged view). Skipped
-    when the image's /etc is not a directory."""
-    etc = next((p / "etc" for p in lowers if os.path.lexists(p / "etc")), None)
-    if etc is not None and (etc.is_symlink() or not etc.is_dir()):
-        return
-    (upper / "etc").mkdir(mode=0o755)
-    if etc is not None:
-        st = etc.stat()
-        os.chown(upper / "etc", st.st_uid, st.st_gid)
-        os.chmod(upper / "etc", st.st_mode & 0o7777)
-    (upper / "etc" / "hostname").write_text(name + "\n")
 
 
 class Booter:
@@ -66,14 +52,16 @@ class Booter:
     async def boot(self, *, sandbox_id: str, image_id: str, cpu: float, memory_mib: int,
                    env: dict[str, str], keep_warm_seconds: float | None,
                    snapshot: SnapshotMeta | None = None, fork_index: int | None = None,
-                   volumes: list[dict[str, str]] | None = None, tags: dict[str, str] | None = None,
+                   volumes: list[dict[str, Any]] | None = None, tags: dict[str, str] | None = None,
                    resume: bool = False, net: NetworkSpec | None = None,
                    host_ports: dict[int, int] | None = None, gpus: list[Gpu] | None = None,
-                   privileged: bool = False, disk_mib: int | None = None, runtime: str = "gvisor") -> SandboxInfo:
+                   privileged: bool = False, disk_mib: int | None = None, runtime: str = "gvisor",
+                   pids: int = DEFAULT_PIDS) -> SandboxInfo:
         """Starts one sandbox (a fresh boot, or from `snapshot`) once admission lets it.
 
         Raises:
-            InvalidArgument: limits, environment or disk cap out of range.
+            InvalidArgument: limits, environment, disk cap or pids out of range.
+            VolumeBusy: a read-write volume mount beside another sandbox's (volumes/writers.py).
             ResourceExhausted: the disk under the state directory is nearly full.
             SandboxLost: the runtime could not start it, or it did not answer in time.
         """
@@ -81,15 +69,19 @@ class Booter:
         check_limits(cpu, memory_mib)
         check_env(env)
         check_disk(disk_mib)
+        check_pids(pids)
         if snapshot is not None:
             disk_mib = snapshot.disk_mib  # the captured files must fit the same cap
+            pids = snapshot.pids or DEFAULT_PIDS  # its processes hold the captured RLIMIT_NPROC
             volumes = snapshot.volumes  # a restore must mount exactly what was captured
             # ... and have the network it captured (its netstack expects the interface).
             net = NetworkSpec.from_wire(snapshot.network)
         volumes = list(volumes or [])
-        # The sandbox's row exists only once it runs: count its volumes as in use meanwhile.
-        with in_use(self.reg.volume_users, [v["name"] for v in volumes]):
-            binds = tuple((str(self.ctx.volumes.ensure(v["name"])), v["mount_path"]) for v in volumes)
+        # From now to the end of its teardown (which releases it; its row may not exist yet).
+        self.reg.mounts.claim(sandbox_id, runtime, volumes)
+        try:
+            binds = tuple((str(self.ctx.volumes.ensure(v["name"])), v["mount_path"], bool(v.get("read_only")))
+                          for v in volumes)
             kind = "create" if snapshot is None else ("resume" if resume else "restore")
             async with self.admission.start(runtime, kind):
                 return await self._start(sandbox_id=sandbox_id, image_id=image_id, cpu=cpu,
@@ -97,14 +89,19 @@ class Booter:
                                          snapshot=snapshot, fork_index=fork_index, volumes=volumes, tags=tags,
                                          resume=resume, binds=binds, t0=t0, net=net,
                                          host_ports=host_ports or {}, gpus=gpus or [], privileged=privileged,
-                                         disk_mib=disk_mib, runtime=runtime)
+                                         disk_mib=disk_mib, runtime=runtime, pids=pids)
+        except BaseException:
+            if sandbox_id not in self.reg.live:
+                self.reg.mounts.release(sandbox_id)
+            raise
 
     async def _start(self, *, sandbox_id: str, image_id: str, cpu: float, memory_mib: int,
                      env: dict[str, str], keep_warm_seconds: float | None, snapshot: SnapshotMeta | None,
-                     fork_index: int | None, volumes: list[dict[str, str]], tags: dict[str, str] | None,
-                     resume: bool, binds: tuple[tuple[str, str], ...], t0: float,
+                     fork_index: int | None, volumes: list[dict[str, Any]], tags: dict[str, str] | None,
+                     resume: bool, binds: tuple[tuple[str, str, bool], ...], t0: float,
                      net: NetworkSpec | None, host_ports: dict[int, int], gpus: list[Gpu],
-                     privileged: bool, disk_mib: int | None, runtime: str = "gvisor") -> SandboxInfo:
+                     privileged: bool, disk_mib: int | None, runtime: str = "gvisor",
+                     pids: int = DEFAULT_PIDS) -> SandboxInfo:
         ctx = self.ctx
         if disk_free_bytes(ctx.paths.home) < MIN_FREE_DISK:
             raise errors.ResourceExhausted(
@@ -137,6 +134,8 @@ class Booter:
                 layer.mkdir()
             upper = ctx.upper_dir(sandbox_id)
             if snapshot is not None:
+                # The restore's mounts must be the captured ones (None: from before they existed).
+                tmpfs = dict(snapshot.tmpfs or {})
                 await asyncio.to_thread(copy_tree, ctx.snapshots.upper_dir(snapshot.snapshot_id), upper)
             else:
                 # The agent reads its key from the root and deletes it before any command runs.
@@ -147,6 +146,8 @@ class Booter:
                 # /etc/hostname names the sandbox, as the kernel's host name does (Docker's
                 # convention); a restored copy's agent rewrites it with its own name.
                 write_hostname(upper, lowers, sandbox_id)
+                # /tmp on the capped writable layer, except where Docker needs it in memory.
+                tmpfs = dict(tmpfs_mounts(memory_mib, tmp_in_memory=privileged or not keep_tmp_on_disk(upper, lowers)))
             (d / "agent.key").write_bytes(key)
             await asyncio.to_thread(mount_overlay, lowers, upper, layer / "work", d / "rootfs")
             agent_dir = agentdir.link_into(agent_src, d / "agent")
@@ -154,7 +155,8 @@ class Booter:
                                        agent_dir=agent_dir, agent=default_agent(agent_dir),
                                        cpu=cpu, memory_mib=memory_mib, env=env, binds=binds, hostname=sandbox_id,
                                        netns_path=slot.sandbox_ns_path if slot else None,
-                                       devices=tuple(gpu_devices(gpus)) if gpus else (), privileged=privileged))
+                                       devices=tuple(gpu_devices(gpus)) if gpus else (), privileged=privileged,
+                                       pids=pids, platform=platform or DEFAULT_PLATFORM, tmpfs=tuple(tmpfs.items())))
             fin, fout = make_fifos(d)
             sb_in, sb_out = open_for_sandbox(fin, fout)
             try:
@@ -205,22 +207,24 @@ class Booter:
         cfg = ctx.images.meta(image_id).image_config
         lv = Live(sandbox_id, channel, image_id, cpu, memory_mib, env, keep_warm_seconds, volumes=volumes, key=key,
                   net=net, workdir=cfg.working_dir, user=cfg.user, disk_mib=disk_mib, runtime=runtime,
-                  platform=platform)
+                  platform=platform, pids=pids, tmpfs=tmpfs)
         self.reg.live[sandbox_id] = lv
         # What a restarted daemon needs to re-adopt this sandbox as it was (watchdog.recover).
         fd = os.open(d / "live.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump({"env": env, "workdir": lv.workdir, "user": lv.user, "disk_mib": disk_mib,
-                       "platform": platform}, f)
+                       "platform": platform, "pids": pids, "tmpfs": tmpfs}, f)
         now = time.time()
         net_cols = self.networking.net_columns(sandbox_id, net)
         if resume:
+            row = ctx.store.get_row(sandbox_id)
+            lv.auto_pause_seconds = row["auto_pause_seconds"] if row is not None else None
             ctx.store.update_sandbox(sandbox_id, state=SandboxState.RUNNING, paused_snapshot_id=None, **net_cols)
             ctx.store.open_interval(sandbox_id, now, boot_s=ttfc_ms / 1000)
         else:
             ctx.store.insert_sandbox(
                 sandbox_id=sandbox_id, state=SandboxState.RUNNING, image_id=image_id, created_at=now, cpu=cpu,
-                memory_mib=memory_mib, keep_warm_seconds=keep_warm_seconds,
+                memory_mib=memory_mib, pids=pids, keep_warm_seconds=keep_warm_seconds,
                 snapshot_id=snapshot.snapshot_id if snapshot else None, fork_index=fork_index, ttfc_ms=ttfc_ms,
                 volumes=json.dumps(volumes), tags=json.dumps(tags or {}), runtime=runtime, **net_cols)
         self.deathwatch.watch(lv)

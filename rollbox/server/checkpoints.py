@@ -14,7 +14,7 @@ from .. import errors
 from ..runtime import agentdir
 from ..runtime.bundle import AGENT_DIR
 from ..runtime.driver import no_snapshots
-from ..runtime.rootfs import copy_tree, disk_free_bytes
+from ..runtime.rootfs import copy_tree, disk_free_bytes, disk_full
 from ..snapshots.store import SnapshotMeta, new_snapshot_id
 from ..types import SandboxInfo
 from .boot import Booter
@@ -54,6 +54,11 @@ class Checkpoints:
                     pass
             if self.ctx.store.state(sandbox_id) is SandboxState.PAUSED:
                 await self.resume(sandbox_id)
+        elif lv.channel.closed_reason is not None and lv.exit_reason is None:
+            # It just died: give the death watch a moment to say how (oom, init killed, lost).
+            deadline = time.monotonic() + 4.0
+            while lv.exit_reason is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
         return self.reg.lookup(sandbox_id)
 
     async def snapshot_memory(self, sandbox_id: str, *, internal: bool = False, kind: str = "memory",
@@ -88,7 +93,7 @@ class Checkpoints:
             res = await ctx.runsc.checkpoint(container_id(sandbox_id), ck, leave_running=leave_running)
             if res.returncode != 0:
                 detail = res.stderr.decode(errors="replace").strip()[-800:]
-                if "no space left" in detail.lower():
+                if disk_full(ck):
                     raise errors.ResourceExhausted(f"disk full while checkpointing sandbox {sandbox_id}: free space "
                                                    f"under {ctx.paths.snapshots}", sandbox_id=sandbox_id)
                 raise errors.SandboxLost(f"checkpointing sandbox {sandbox_id} failed: {detail}",
@@ -99,7 +104,7 @@ class Checkpoints:
             ctx.snapshots.write_meta(SnapshotMeta(sid, sandbox_id, lv.image_id, lv.cpu, lv.memory_mib, lv.env,
                                                   time.time(), internal, lv.volumes, kind, lv.key.hex(),
                                                   lv.net.to_wire() if lv.net else None, lv.disk_mib,
-                                                  lv.platform, agent_pinned=True))
+                                                  lv.platform, agent_pinned=True, pids=lv.pids, tmpfs=lv.tmpfs))
             ctx.store.insert_snapshot(sid, sandbox_id, lv.image_id, internal, kind,
                                       None if ttl_s is None else time.time() + ttl_s)
         except BaseException:
@@ -146,9 +151,12 @@ class Checkpoints:
 
         Raises:
             InvalidArgument: count outside 1..1024.
+            VolumeBusy: the sandbox writes a volume, which its copies would all write beside it.
         """
         if count < 1 or count > 1024:
             raise errors.InvalidArgument(f"fork count={count} must be between 1 and 1024")
+        # Every copy mounts what the source does, beside it: refuse before capturing anything.
+        self.reg.mounts.check(None, "gvisor", (await self.running(sandbox_id)).volumes)
         sid = await self.snapshot_memory(sandbox_id, internal=True)
         try:
             results = await asyncio.gather(

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from typing import Any
 
 from .. import errors
 from ..network.policy import NetworkSpec
+from ..runtime.bundle import DEFAULT_PIDS
 from ..runtime.driver import check_runtime
 from ..runtime.gpu import select as select_gpus
 from ..types import SandboxInfo
@@ -29,17 +31,18 @@ class Creator:
 
     async def create(self, *, image_id: str, cpu: float = 1.0, memory_mib: int = 1024,
                      env: dict[str, str] | None = None, keep_warm_seconds: float | None = 600,
-                     volumes: list[dict[str, str]] | None = None, tags: dict[str, str] | None = None,
+                     volumes: list[dict[str, Any]] | None = None, tags: dict[str, str] | None = None,
                      ports: list[int] | None = None, block_network: bool = True,
                      allow_list: list[str] | None = None, entrypoint: bool | None = None,
                      gpu: str | None = None, gpu_count: int = 1, docker_enabled: bool = False,
-                     disk_mib: int | None = None, runtime: str = "gvisor") -> SandboxInfo:
+                     disk_mib: int | None = None, runtime: str = "gvisor", pids: int = DEFAULT_PIDS) -> SandboxInfo:
         """A fresh sandbox of `image_id`. The image's config applies: its Env under `env`, its
         WorkingDir and User for commands, and its Entrypoint + Cmd started as the main process
         when `entrypoint` is True, or None and the image declares one.
 
         Raises:
             InvalidArgument: an option is invalid or cannot apply (e.g. no Docker in the image).
+            VolumeBusy: a read-write volume mount beside another sandbox's (volumes/writers.py).
             RuntimeMissing: the runtime is not installed.
             ImageNotFound: no such image.
             ResourceUnavailable: no matching GPU.
@@ -60,21 +63,23 @@ class Creator:
         gpus = select_gpus(gpu, gpu_count) if gpu else []  # ResourceUnavailable without one
         if gpus:
             env.setdefault("NVIDIA_VISIBLE_DEVICES", ",".join(str(g.index) for g in gpus))
-        vols = []
+        vols: list[dict[str, Any]] = []
         seen: set[str] = set()
         for v in volumes or []:
             mp = check_mount_path(v.get("mount_path", ""))
             if mp in seen:
                 raise errors.InvalidArgument(f"two volumes are mounted at {mp}; give each its own mount_path")
             seen.add(mp)
-            vols.append({"name": check_name(v.get("name", "")), "mount_path": mp})
+            vols.append({"name": check_name(v.get("name", "")), "mount_path": mp, "read_only": bool(v.get("read_only")),
+                         "shared_writes": bool(v.get("shared_writes"))})
         info = await self.booter.boot(sandbox_id=new_sandbox_id(), image_id=image_id, cpu=cpu, memory_mib=memory_mib,
                                       env=env, keep_warm_seconds=keep_warm_seconds, volumes=vols, tags=tags, net=net,
-                                      gpus=gpus, privileged=docker_enabled, disk_mib=disk_mib, runtime=runtime)
+                                      gpus=gpus, privileged=docker_enabled, disk_mib=disk_mib, runtime=runtime,
+                                      pids=pids)
         if docker_enabled:
             # gVisor's documented Docker-in-gVisor set-up: no bridge or iptables (containers use
             # the sandbox's network), the vfs storage driver (no overlayfs inside).
-            # The data root on the sandbox's /tmp (a tmpfs): on the gofer-backed root, `docker
+            # The data root on the sandbox's /tmp (a bounded tmpfs here): on the gofer-backed root, `docker
             # run` failed with "bad file descriptor" creating the container's layer.
             try:
                 await self.execfiles.agent(info.sandbox_id, "spawn",

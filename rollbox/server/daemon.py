@@ -21,7 +21,8 @@ from typing import IO, Callable
 import uvicorn
 
 from ..config import Paths
-from ..errors import RollboxError
+from ..errors import InvalidArgument, RollboxError
+from ..runtime import cgroups
 from ..runtime.reaper import become_subreaper
 from ..runtime.runsc import Runsc, platform_from_env
 from .app import create_app
@@ -111,6 +112,8 @@ async def serve_async(paths: Paths, listen: str | None = None) -> None:
         # Here, not after serve(): uvicorn re-raises SIGTERM once it has shut down, which
         # would end the process before a `finally` runs.
         await service.net.close()
+        # Its own cgroup parents go with it, unless sandboxes it leaves running still use them.
+        cgroups.remove_parent(paths.cgroup_parent)
 
     app.router.lifespan_context = lifespan
     sockets = [_unix_socket(paths)]
@@ -131,6 +134,23 @@ async def serve_async(paths: Paths, listen: str | None = None) -> None:
         lock.close()
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def log_level() -> int:
+    """The daemon's log level from ROLLBOX_LOG_LEVEL (debug, info (default), warning, error).
+    `debug` adds one line per request (method, path, status, time) and per exec (program name
+    and counts); request bodies, exec arguments and environments are never logged.
+
+    Raises:
+        InvalidArgument: another value.
+    """
+    name = os.environ.get("ROLLBOX_LOG_LEVEL", "info").strip().lower() or "info"
+    if name not in LOG_LEVELS:
+        raise InvalidArgument(f"ROLLBOX_LOG_LEVEL={name!r} must be one of {', '.join(LOG_LEVELS)}")
+    return int(getattr(logging, name.upper()))
+
+
 def serve(paths: Paths | None = None, listen: str | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=log_level(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     asyncio.run(serve_async(paths or Paths.from_env(), listen or os.environ.get("ROLLBOX_LISTEN") or None))

@@ -104,7 +104,7 @@ def describe(step: dict[str, Any]) -> str:
     if step["kind"] == "config":
         return _MARKER.sub(r"${\1}", ", ".join(f"{k}={step[k]}" for k in CONFIG_KEYS if k in step))
     if step["kind"] == "copy":
-        return step["path"]
+        return str(step["path"])
     return f"{' '.join(step['sources'])} -> {step['path']}"
 
 

@@ -85,14 +85,17 @@ def add_episode_routes(app: FastAPI, service: "SandboxService", exec_model: type
 
     @app.post("/sandboxes/{sandbox_id}/containers/{container_id}/files/read")
     async def read_file(sandbox_id: str, container_id: str, body: path_model) -> dict[str, Any]:  # type: ignore[valid-type]
-        return await service.execfiles.read_file(sandbox_id, body.path, container=container_id)
+        b: Any = body
+        return await service.execfiles.read_file(sandbox_id, b.path, container=container_id)
 
     @app.post("/sandboxes/{sandbox_id}/containers/{container_id}/files/list")
     async def list_files(sandbox_id: str, container_id: str, body: path_model) -> dict[str, Any]:  # type: ignore[valid-type]
-        return await service.execfiles.list_files(sandbox_id, body.path, container=container_id)
+        b: Any = body
+        return await service.execfiles.list_files(sandbox_id, b.path, container=container_id)
 
     @app.post("/sandboxes/{sandbox_id}/containers/{container_id}/files/remove")
     async def remove_file(sandbox_id: str, container_id: str, body: path_model) -> dict[str, Any]:  # type: ignore[valid-type]
-        return await service.execfiles.remove_file(sandbox_id, body.path, container=container_id)
+        b: Any = body
+        return await service.execfiles.remove_file(sandbox_id, b.path, container=container_id)
 
     return pools

@@ -4,6 +4,7 @@ out-of-memory reporting of each runtime) and the file operations."""
 from __future__ import annotations
 
 import base64
+import logging
 import re
 import time
 from typing import Any
@@ -38,6 +39,9 @@ def container_op(op: str, container: str | None) -> tuple[str, dict[str, str]]:
     """The agent op and extra fields of `op` sent to the sandbox itself (container None) or to
     one of its episode containers (server/episodes.py)."""
     return (op, {}) if container is None else (f"container_{op}", {"cid": container})
+
+
+log = logging.getLogger("rollbox.exec")
 
 
 # The native agent's wording for an unknown user; the API says it the inspect-ai/Docker way.
@@ -95,6 +99,9 @@ class ExecFiles:
         if timeout is not None and timeout <= 0:
             raise errors.InvalidArgument(f"timeout={timeout} must be a positive number of seconds, or None for no limit")
         lv = await self.running(sandbox_id)
+        # The program's name and counts only: arguments and environment values may hold secrets.
+        log.debug("exec in %s%s: %s (+%d arguments, %d environment variables, not logged)", sandbox_id,
+                  f"/{container}" if container else "", argv[0], len(argv) - 1, len(env or {}))
         cg = self.ctx.cg
         started = time.monotonic()
         cid = container_id(sandbox_id)
@@ -114,9 +121,10 @@ class ExecFiles:
             if lv.exit_reason == "oom" or cgroups.oom_killed(container_id(sandbox_id), cg):
                 return {"exit_code": 137, "oom_killed": True, "stdout": "", "stderr": "", "timed_out": False,
                         "truncated": False, "duration_s": time.monotonic() - started}
-            if isinstance(e, AgentError) and e.kind in AGENT_ERRORS:
-                raise AGENT_ERRORS[e.kind](f"exec in sandbox {sandbox_id}: {user_message(e.message)}",
-                                           sandbox_id=sandbox_id) from None
+            if isinstance(e, AgentError):
+                cls = AGENT_ERRORS.get(e.kind, errors.AgentFailed)
+                detail = user_message(e.message) if e.kind in AGENT_ERRORS else f"{e.kind}: {e.message}"
+                raise cls(f"exec in sandbox {sandbox_id}: {detail}", sandbox_id=sandbox_id) from None
             raise
         finally:
             lv.busy -= 1
@@ -137,12 +145,17 @@ class ExecFiles:
         """One agent operation (in episode container `container` when given); the agent's error
         kinds become the matching typed errors."""
         lv = await self.running(sandbox_id)
+        lv.busy += 1  # in flight: neither idle for auto-pause nor pausable
         try:
             wire_op, extra = container_op(op, container)
             return await self.deathwatch.request(lv, wire_op, 120.0, **extra, **fields)
         except AgentError as e:
-            cls = AGENT_ERRORS.get(e.kind, errors.RollboxError)
-            raise cls(f"{op} in sandbox {sandbox_id}: {e.message}", sandbox_id=sandbox_id) from None
+            cls = AGENT_ERRORS.get(e.kind, errors.AgentFailed)
+            detail = e.message if e.kind in AGENT_ERRORS else f"{e.kind}: {e.message}"
+            raise cls(f"{op} in sandbox {sandbox_id}: {detail}", sandbox_id=sandbox_id) from None
+        finally:
+            lv.busy -= 1
+            lv.last_active = time.monotonic()
 
     async def write_file(self, sandbox_id: str, path: str, data_b64: str, mode: int = 0o644,
                          container: str | None = None) -> dict[str, Any]:

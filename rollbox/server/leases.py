@@ -24,6 +24,8 @@ from pydantic import BaseModel, Field
 from .. import errors
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from .service import SandboxService
 
 log = logging.getLogger("rollbox.leases")
@@ -103,7 +105,7 @@ class Leases:
         return len(ids)
 
 
-def add_lease_routes(app: Any, leases: Leases) -> None:
+def add_lease_routes(app: "FastAPI", leases: Leases) -> None:
     """PUT /leases/{owner} (take or renew: {"lease_s": 60, "warm_snapshot": null}) and
     DELETE /leases/{owner} (release after a clean close)."""
     @app.put("/leases/{owner}")

@@ -53,7 +53,8 @@ class Processes:
         except errors.ApiError:
             raise
         except errors.RollboxError as e:
-            if type(e) is errors.RollboxError and ("unknown op" in e.message.lower() or f"KeyError: '{op}'" in e.message):
+            if type(e) in (errors.RollboxError, errors.AgentFailed) and (
+                    "unknown op" in e.message.lower() or f"KeyError: '{op}'" in e.message):
                 raise errors.UnsupportedOperation(
                     f"sandbox {sandbox_id}'s agent has no background processes ({op}): it is an older build; "
                     "start a fresh sandbox, or force the Python agent with ROLLBOX_AGENT=python", sandbox_id=sandbox_id
@@ -194,7 +195,8 @@ class Processes:
             deadline = None if timeout is None else time.monotonic() + timeout
             buf = b""
             while True:
-                r = await self.read(sandbox_id, pid, stdout=offset, stderr=1 << 62, wait=READ_WAIT_S)
+                wait = READ_WAIT_S if deadline is None else max(0.0, min(READ_WAIT_S, deadline - time.monotonic()))
+                r = await self.read(sandbox_id, pid, stdout=offset, stderr=1 << 62, wait=wait)
                 data = base64.b64decode(r["stdout"]["data"])
                 offset = r["stdout"]["offset"] + len(data)
                 buf += data

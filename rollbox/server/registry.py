@@ -16,8 +16,10 @@ from typing import Any
 from .. import errors
 from ..network.netns import Slot
 from ..network.policy import NetworkSpec
+from ..runtime.bundle import DEFAULT_PIDS
 from ..runtime.channel import AgentChannel
 from ..types import SandboxInfo
+from ..volumes.writers import MountRegistry
 from .lifecycle import NOT_ENDED
 from .store import Store
 
@@ -37,7 +39,7 @@ class Live:
     last_active: float = field(default_factory=time.monotonic)
     exit_reason: str | None = None
     busy: int = 0
-    volumes: list[dict[str, str]] = field(default_factory=list)
+    volumes: list[dict[str, Any]] = field(default_factory=list)
     key: bytes = b""
     net: NetworkSpec | None = None
     # From the image's config: the default working directory and user of commands.
@@ -46,6 +48,13 @@ class Live:
     disk_mib: int | None = None
     runtime: str = "gvisor"
     platform: str = ""  # gVisor platform it runs on (its checkpoints restore only there)
+    # Auto-pause (server/autopause.py): idle seconds before it is paused (None: never), the
+    # last CPU reading (monotonic s, CPU s) and when it last computed or ran a command.
+    auto_pause_seconds: float | None = None
+    cpu_probe: tuple[float, float] | None = None
+    last_busy: float = 0.0
+    pids: int = DEFAULT_PIDS
+    tmpfs: dict[str, int] = field(default_factory=dict)  # its bounded memory-backed mounts {path: MiB}
 
 
 # Resolves a sandbox id to its live handle, resuming it first if it is paused
@@ -96,8 +105,9 @@ class Registry:
         self.locks: dict[str, asyncio.Lock] = {}
         # Snapshot id -> restores in flight (a snapshot in use cannot be deleted).
         self.snapshot_users: dict[str, int] = {}
-        # Volume name -> boots in flight that mount it (their rows do not exist yet).
-        self.volume_users: dict[str, int] = {}
+        # Which sandbox mounts which volume how, from boot to teardown (their rows may not
+        # exist yet): refuses read-write mounts that could lose data, and volume deletes.
+        self.mounts = MountRegistry()
         # Sandbox id -> its network slot (the only record of which slot is whose).
         self.slots: dict[str, Slot] = {}
         # Container ids of ended sandboxes whose cgroup the kernel still called busy at teardown
@@ -122,6 +132,10 @@ class Registry:
                 raise errors.SandboxNotFound(f"{sandbox_id!r} is not a sandbox id (expected 'sb-' + 24 hex digits)")
             raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found: list sandboxes with `rollbox ps`",
                                          sandbox_id=sandbox_id)
+        if lv is not None and lv.exit_reason is None:
+            # Its channel closed but how it ended is not classified yet (the process watch
+            # comes a moment later): it died without a known cause, which is retryable.
+            raise ended_error(sandbox_id, None)
         reason = (lv.exit_reason if lv else None) or (row["exit_reason"] if row else None) or "terminated"
         raise ended_error(sandbox_id, reason)
 

@@ -28,7 +28,7 @@ from ..network.manager import NetworkManager
 from ..network.netns import Slot
 from ..network.policy import NetworkSpec
 from ..runtime import agentdir
-from ..runtime.bundle import AGENT_DIR
+from ..runtime.bundle import AGENT_DIR, DEFAULT_PIDS
 from ..runtime.driver import Driver
 from ..runtime.reaper import Reaper
 from ..runtime.runc import Runc
@@ -38,6 +38,7 @@ from ..types import SandboxInfo
 from ..volumes.store import VolumeStore
 from .admission import Admission, admission_limit
 from .artifacts import Artifacts
+from .autopause import AutoPause
 from .boot import Booter
 from .builder import Builder
 from .checkpoints import Checkpoints
@@ -78,6 +79,7 @@ class SandboxService:
         self.volumes = VolumeStore(paths.volumes)
         self.net = NetworkManager(paths.home, read_file=self.read_bytes)
         self.warm = WarmPools(self)
+        self.autopause = AutoPause(self)
         self.builder = Builder(self)
         # Before Metrics: its registry reads the gauges (admission limit included) at once.
         self.max_starts = max_starts or admission_limit()
@@ -103,7 +105,7 @@ class SandboxService:
     # ---- registry ------------------------------------------------------------------------
 
     def upper_dir(self, sandbox_id: str) -> Path:
-        """The sandbox's writable layer: everything it wrote (on a capped tmpfs with `disk`)."""
+        """The sandbox's writable layer: everything it wrote (on a capped ext4 with `disk`)."""
         return self.ctx.upper_dir(sandbox_id)
 
     def sandbox_dir(self, sandbox_id: str) -> Path:
@@ -138,11 +140,12 @@ class SandboxService:
         return self.registry.take_idle(now)
 
     def adopt(self, lv: Live, slot_index: int | None = None) -> None:
-        """Registers a sandbox a restarted daemon found running (with its network slot) and
-        watches it for dying."""
+        """Registers a sandbox a restarted daemon found running (with its network slot and its
+        volume mounts, taken as they are) and watches it for dying."""
         if slot_index is not None:
             self.registry.slots[lv.sandbox_id] = self.net.slot(slot_index)
         self.live[lv.sandbox_id] = lv
+        self.registry.mounts.claim(lv.sandbox_id, lv.runtime, lv.volumes, check=False)
         self.watch(lv)
 
     def network_slots(self) -> dict[str, Slot]:
@@ -157,17 +160,17 @@ class SandboxService:
 
     async def create(self, *, image_id: str, cpu: float = 1.0, memory_mib: int = 1024,
                      env: dict[str, str] | None = None, keep_warm_seconds: float | None = 600,
-                     volumes: list[dict[str, str]] | None = None, tags: dict[str, str] | None = None,
+                     volumes: list[dict[str, Any]] | None = None, tags: dict[str, str] | None = None,
                      ports: list[int] | None = None, block_network: bool = True,
                      allow_list: list[str] | None = None, entrypoint: bool | None = None,
                      gpu: str | None = None, gpu_count: int = 1, docker_enabled: bool = False,
-                     disk_mib: int | None = None, runtime: str = "gvisor") -> SandboxInfo:
+                     disk_mib: int | None = None, runtime: str = "gvisor", pids: int = DEFAULT_PIDS) -> SandboxInfo:
         """A fresh sandbox of `image_id` (see `Creator.create` for the options and errors)."""
         return await self.creator.create(
             image_id=image_id, cpu=cpu, memory_mib=memory_mib, env=env, keep_warm_seconds=keep_warm_seconds,
             volumes=volumes, tags=tags, ports=ports, block_network=block_network, allow_list=allow_list,
             entrypoint=entrypoint, gpu=gpu, gpu_count=gpu_count, docker_enabled=docker_enabled,
-            disk_mib=disk_mib, runtime=runtime)
+            disk_mib=disk_mib, runtime=runtime, pids=pids)
 
     async def acquire(self, snapshot_id: str, *, keep_warm_seconds: float | None = 600,
                       tags: dict[str, str] | None = None) -> SandboxInfo:
@@ -239,9 +242,10 @@ class SandboxService:
         """
         return await self.teardown.terminate(sandbox_id, reason)
 
-    async def teardown_host(self, sandbox_id: str, *, failed_start: bool = False) -> None:
-        """Removes everything the sandbox holds on the host; safe to call twice."""
-        await self.teardown.teardown_host(sandbox_id, failed_start=failed_start)
+    async def teardown_host(self, sandbox_id: str, *, failed_start: bool = False) -> list[str]:
+        """Removes everything the sandbox holds on the host; safe to call twice. Returns what
+        could not be removed (empty: nothing is left)."""
+        return await self.teardown.teardown_host(sandbox_id, failed_start=failed_start)
 
     def retry_cgroup_leftovers(self) -> None:
         """Removes the cgroups teardown could not (their last processes have exited since)."""

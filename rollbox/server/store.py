@@ -77,6 +77,8 @@ MIGRATIONS = [
     ("sandboxes", "urls", "TEXT NOT NULL DEFAULT '{}'"),
     ("sandboxes", "host_ports", "TEXT NOT NULL DEFAULT '{}'"),
     ("sandboxes", "runtime", "TEXT NOT NULL DEFAULT 'gvisor'"),
+    ("sandboxes", "pids", "INTEGER"),
+    ("sandboxes", "auto_pause_seconds", "REAL"),  # NULL: never auto-paused (server/autopause.py)
 ]
 
 __all__ = ["LIVE_STATES", "Store"]

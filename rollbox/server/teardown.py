@@ -14,7 +14,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
 from .. import errors
@@ -53,6 +53,8 @@ class Teardown:
         self.ctx = ctx
         self.reg = ctx.registry
         self.usage = usage
+        # Sandbox id -> (failed teardowns so far, monotonic time of the next try).
+        self.pending: dict[str, tuple[int, float]] = {}
 
     def driver_of(self, sandbox_id: str) -> Driver:
         """The driver that owns a sandbox's container: from its directory's marker, its live
@@ -114,15 +116,52 @@ class Teardown:
         # A row already terminating (a teardown cut short) keeps its first end time and reason.
         if state is not None and state is not SandboxState.TERMINATING and state.holds_host:
             store.update_sandbox(sandbox_id, state=SandboxState.TERMINATING, ended_at=time.time(), exit_reason=reason)
-        try:
-            await self.teardown_host(sandbox_id)
-        finally:
-            if state is not None and state.holds_host:
-                store.update_sandbox(sandbox_id, state=SandboxState.TERMINATED)
+        left = await self.teardown_host(sandbox_id)
+        if state is not None and state.holds_host:
+            self.settle(sandbox_id, left)
 
-    async def teardown_host(self, sandbox_id: str, *, failed_start: bool = False) -> None:
-        """Removes everything the sandbox holds on the host. failed_start: its run/restore did
-        not finish, so runsc may not know the container while its processes are up."""
+    def settle(self, sandbox_id: str, left: list[str]) -> None:
+        """Marks a torn-down sandbox terminated when nothing of it is left (`left` empty);
+        otherwise it stays `terminating` and the watchdog retries its teardown (`retry_pending`)
+        with backoff until everything is gone."""
+        if not left:
+            self.pending.pop(sandbox_id, None)
+            self.ctx.store.update_sandbox(sandbox_id, state=SandboxState.TERMINATED)
+            return
+        tries = self.pending[sandbox_id][0] + 1 if sandbox_id in self.pending else 1
+        delay = min(60.0, 0.5 * 2 ** tries)
+        self.pending[sandbox_id] = (tries, time.monotonic() + delay)
+        log.warning("teardown of %s incomplete (%s); it stays terminating, retry %d in %.0f s",
+                    sandbox_id, "; ".join(left), tries, delay)
+
+    async def retry_pending(self) -> list[str]:
+        """The watchdog's duty: tears down again each sandbox whose teardown left something,
+        once its backoff passed. Returns the ids now fully terminated."""
+        done = []
+        now = time.monotonic()
+        for sid, (_tries, at) in list(self.pending.items()):
+            if at > now or sid in self.reg.teardowns or sid in self.reg.live:
+                continue
+            async with self.reg.lock(sid):
+                left = await self.teardown_host(sid)
+                self.settle(sid, left)
+            if not left:
+                done.append(sid)
+        return done
+
+    async def teardown_host(self, sandbox_id: str, *, failed_start: bool = False) -> list[str]:
+        """Removes everything the sandbox holds on the host; safe to call again. failed_start:
+        its run/restore did not finish, so runsc may not know the container while its
+        processes are up. Every step runs even when one before it failed; returns what could
+        not be removed (empty: nothing of the sandbox is left)."""
+        left: list[str] = []
+
+        async def step(what: str, coro: Awaitable[Any]) -> None:
+            try:
+                await coro
+            except Exception as e:  # noqa: BLE001 - each step is retried; none may stop the rest
+                left.append(f"{what}: {type(e).__name__}: {e}")
+
         ctx = self.ctx
         cid = container_id(sandbox_id)
         d = ctx.sandbox_dir(sandbox_id)
@@ -135,7 +174,9 @@ class Teardown:
             await asyncio.wait({delete}, timeout=0.05)
         try:
             res = delete.result()
-            unknown = res.returncode != 0 and (b"does not exist" in res.stderr or b"not found" in res.stderr)
+            # Classified from the runtime's state, not its message: a failed delete of a
+            # container it has no state for had nothing to delete.
+            unknown = res.returncode != 0 and not driver.known(cid)
             failed = res.returncode != 0 and not unknown
             detail = res.stderr.decode(errors="replace").strip()
         except errors.RollboxError as e:
@@ -152,16 +193,26 @@ class Teardown:
             # be up, even spinning: find them by id.
             kill_container_processes(driver, cid)
         ctx.reaper.sweep()
-        await ctx.net.ports.close(sandbox_id)
-        slot = self.reg.slots.pop(sandbox_id, None)
+        await step("port listeners", ctx.net.ports.close(sandbox_id))
+        slot = self.reg.slots.get(sandbox_id)
         if slot is not None:
-            await ctx.net.release(slot)
-        await asyncio.to_thread(unmount, d / "rootfs")
-        await asyncio.to_thread(unmount, d / "disk")
-        await self._remove_cgroup(cid)
-        await asyncio.to_thread(remove_tree, d)
+            n = len(left)
+            await step("network slot (netns, veth, nft rules)", ctx.net.release(slot))
+            if len(left) == n:  # released: forget it; otherwise the retry releases it again
+                self.reg.slots.pop(sandbox_id, None)
+        await step("rootfs mount", asyncio.to_thread(unmount, d / "rootfs"))
+        await step("disk mount", asyncio.to_thread(unmount, d / "disk"))
+        if await self._remove_cgroup(cid):
+            left.append(f"cgroup {cid} (still busy)")
+        n = len(left)
+        await step("state directory", asyncio.to_thread(remove_tree, d))
+        if len(left) == n and d.exists():
+            left.append(f"state directory {d}")
+        self.reg.mounts.release(sandbox_id)  # its processes are gone: nothing of it writes any more
+        return left
 
-    async def _remove_cgroup(self, cid: str) -> None:
+    async def _remove_cgroup(self, cid: str) -> bool:
+        """Removes the container's cgroups; True when they are still there (busy)."""
         # rmdir answers EBUSY while a killed process of the sandbox is still exiting or
         # unreaped: retry for a while, then leave it to the watchdog rather than leak it.
         for delay in (0.0, 0.05, 0.1, 0.2, 0.4, 0.8):
@@ -169,9 +220,10 @@ class Teardown:
             self.ctx.reaper.sweep()
             if not cgroups.remove(cid, self.ctx.cg):
                 self.reg.cgroup_leftovers.discard(cid)
-                return
+                return False
         log.warning("cgroup of container %s still busy after teardown; the watchdog retries", cid)
         self.reg.cgroup_leftovers.add(cid)
+        return True
 
     def retry_cgroup_leftovers(self) -> None:
         """Removes the cgroups teardown could not (their last processes have exited since)."""

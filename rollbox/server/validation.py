@@ -18,6 +18,11 @@ MIN_FREE_DISK = 256 * 1024 * 1024
 # The writable layer's cap (`disk`, MiB): at least room for the agent's files, at most 1 TiB.
 MIN_DISK_MIB = 16
 MAX_DISK_MIB = 1 << 20
+# The task limit (`pids`): the agent's own ~7 tasks plus room for a command, at the least.
+# The host cgroup allows 3x that on systrap (bundle.host_pids_max): at the top, one sandbox
+# may hold ~12,000 host tasks, well under a stock kernel's pid_max of 32,768.
+MIN_PIDS = 16
+MAX_PIDS = 4096
 
 
 def check_limits(cpu: float, memory_mib: int) -> None:
@@ -39,6 +44,13 @@ def check_disk(disk_mib: int | None) -> None:
     if isinstance(disk_mib, bool) or not isinstance(disk_mib, int) or not (MIN_DISK_MIB <= disk_mib <= MAX_DISK_MIB):
         raise errors.InvalidArgument(f"disk={disk_mib!r} MiB is out of range: give an int in "
                                      f"[{MIN_DISK_MIB}, {MAX_DISK_MIB}], or None for no cap")
+
+
+def check_pids(pids: int) -> None:
+    """Raises InvalidArgument unless `pids` (tasks) is an int in [MIN_PIDS, MAX_PIDS]."""
+    if isinstance(pids, bool) or not isinstance(pids, int) or not (MIN_PIDS <= pids <= MAX_PIDS):
+        raise errors.InvalidArgument(f"pids={pids!r} is out of range: give the most processes and threads the "
+                                     f"sandbox may hold at once as an int in [{MIN_PIDS}, {MAX_PIDS}]")
 
 
 def check_env(env: dict[str, str]) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import tenacity
 
 from .. import errors
+from ..volumes.writers import exclusive_writes
 
 if TYPE_CHECKING:
     from ..types import SandboxInfo
@@ -56,7 +57,13 @@ class WarmPools:
 
     def set(self, snapshot_id: str, count: int, idle_seconds: float = 300.0) -> dict[str, object]:
         """Sets the pool's size (0 removes it and terminates its spares)."""
-        self.svc.snapshots.meta(snapshot_id)
+        meta = self.svc.snapshots.meta(snapshot_id)
+        rw = exclusive_writes(meta.volumes)
+        if count and rw:
+            raise errors.VolumeBusy(f"snapshot {snapshot_id} mounts volume {rw[0]!r} read-write: its spares and the "
+                                    "sandboxes handed out would all write it at once, which gVisor cannot keep intact; "
+                                    "snapshot a sandbox that mounts it with read_only=True (or shared_writes=True "
+                                    "if each sandbox writes its own files)")
         if not 0 <= count <= MAX_SPARES:
             raise errors.InvalidArgument(f"warm count={count} must be between 0 and {MAX_SPARES}")
         if not idle_seconds > 0:

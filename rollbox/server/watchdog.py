@@ -11,6 +11,7 @@ import time
 from .. import errors
 from ..network.policy import NetworkSpec
 from ..runtime import cgroups
+from ..runtime.bundle import DEFAULT_PIDS
 from ..runtime.channel import AgentChannel
 from .registry import Live
 from .service import SandboxService
@@ -61,8 +62,7 @@ async def recover(svc: SandboxService) -> dict[str, int]:
         cid = container_id(sid)
         ok = False
         if SandboxState.of(row["state"], sid) is SandboxState.TERMINATING:
-            await svc.teardown_host(sid)
-            svc.store.update_sandbox(sid, state=SandboxState.TERMINATED)
+            svc.teardown.settle(sid, await svc.teardown_host(sid))  # retried until complete
             cleaned += 1
             continue
         if cid in running:
@@ -85,9 +85,11 @@ async def recover(svc: SandboxService) -> dict[str, int]:
             lv = Live(sid, ch, row["image_id"], row["cpu"], row["memory_mib"], dict(saved.get("env") or {}),
                       row["keep_warm_seconds"], volumes=json.loads(row["volumes"] or "[]"), key=key,
                       runtime=row["runtime"], workdir=saved.get("workdir"), user=saved.get("user"),
-                      disk_mib=saved.get("disk_mib"), platform=str(saved.get("platform") or ""))
+                      disk_mib=saved.get("disk_mib"), platform=str(saved.get("platform") or ""),
+                      pids=int(saved.get("pids") or DEFAULT_PIDS), tmpfs=dict(saved.get("tmpfs") or {}))
             # Idle time while the daemon was down counts towards keep_warm_seconds.
             lv.last_active = time.monotonic() - max(0.0, time.time() - row["last_active_at"])
+            lv.auto_pause_seconds = row["auto_pause_seconds"]
             if row["net_slot"] is not None:
                 lv.net = NetworkSpec.from_wire(json.loads(row["network"] or "null"))
                 keep_slots[row["net_slot"]] = lv.net.policy if lv.net else None
@@ -140,6 +142,8 @@ async def run(svc: SandboxService, interval_s: float = 1.0, sample_every: int = 
             svc.warm.expire()
             await svc.net.expire()
             await expire_idle(svc)
+            await svc.autopause.run_once()
+            await svc.teardown.retry_pending()
             await expire_snapshots(svc)
             if n % sample_every == 0:
                 svc.sample_usage()

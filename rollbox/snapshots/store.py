@@ -34,7 +34,7 @@ class SnapshotMeta:
     env: dict[str, str] = field(default_factory=dict)
     created_at: float = 0.0
     internal: bool = False  # made by fork(); removed when the forks are up
-    volumes: list[dict[str, str]] = field(default_factory=list)  # [{"name", "mount_path"}]
+    volumes: list[dict[str, Any]] = field(default_factory=list)  # [{"name", "mount_path", "read_only"}]
     kind: str = "memory"  # memory | pause | fork
     agent_key: str = ""  # hex; the restored agent keeps the key it had (it is in its memory)
     # NetworkSpec.to_wire() of a networked source (its netstack needs an interface on restore).
@@ -42,6 +42,10 @@ class SnapshotMeta:
     disk_mib: int | None = None  # the source's writable-layer cap; copies get the same
     platform: str = ""  # gVisor platform of the checkpoint ("" from before it was kept: systrap)
     agent_pinned: bool = False  # its directory holds agent/, the build its processes run
+    pids: int | None = None  # the source's task limit (RLIMIT_NPROC, in its memory); None: 512
+    # The source's bounded memory-backed mounts {path in the sandbox: MiB}, mounted again on
+    # restore; None: taken before rollbox bounded them (no such mounts).
+    tmpfs: dict[str, int] | None = None
 
 
 def new_snapshot_id() -> str:

@@ -1,8 +1,8 @@
 """Volume store: `volumes/<name>/data` is the directory sandboxes mount.
 
-A volume is created on first use and shared read-write by every sandbox that mounts it:
-gVisor's gofer writes straight through to the host directory, so a file written just before
-`terminate()` is on the host afterwards, and 64 sandboxes writing distinct files lose nothing.
+A volume is created on first use and mounted read-write or read-only (one gVisor writer at a
+time: volumes/writers.py): gVisor's gofer writes straight through to the host directory, so a
+file written just before `terminate()` is on the host afterwards, and readers see it.
 Sandboxes can create or swap symlinks in that directory at any moment while the daemon (root)
 works in it, so host-side file operations never resolve a path by name: `_walk()` opens the
 data directory, then each component with O_NOFOLLOW relative to the previous descriptor, and

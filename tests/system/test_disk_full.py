@@ -67,8 +67,9 @@ def test_disk_full_snapshot_and_volume(small_home) -> None:
     assert snaps == [good]
     assert sorted(os.listdir(small.snapshots)) == [good]
     sb.exec("rm", "-f", "/work/big")
+    # The copy mounts volume v read-write as its source did: only once the source is gone.
+    sb.terminate()
     copy = Sandbox(client=client).create_from_memory_snapshot(good)
     assert copy.fs.read_file("/work/keep.txt") == b"precious"
     copy.terminate()
-    sb.terminate()
     assert host_traces(small, sb.sandbox_id) == []

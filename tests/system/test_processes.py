@@ -275,6 +275,10 @@ def test_run_code_keeps_state_and_returns_value_and_error(sb: SandboxInstance) -
     assert r.error is not None and r.error.name == "KeyError" and r.error.value == "'k'"
     assert "line 2, in f" in r.error.traceback and "code_driver" not in r.error.traceback
     assert sb.process.run_code("x").value == "41"  # a failed snippet keeps the state
+    with pytest.raises(rollbox.InvalidState, match="timeout"):
+        sb.process.run_code("import time\ntime.sleep(30)", timeout=0.5)
+    r = sb.process.run_code("'x' in dir()")  # the killed interpreter's state is gone; a fresh one answers
+    assert r.value == "False" and r.error is None
 
 
 def test_retention_is_bounded_and_keeps_the_head(sb: SandboxInstance, home: Paths) -> None:
@@ -296,6 +300,7 @@ def test_retention_is_bounded_and_keeps_the_head(sb: SandboxInstance, home: Path
 def test_a_process_running_at_snapshot_runs_on_in_every_copy(client: Client) -> None:
     src = Sandbox(memory=256, client=client).create()
     made = [src]
+    snap = None
     try:
         p = src.process.exec("python3", "-u", "-c", "import time,os\nfor i in range(600): print(i); time.sleep(0.05)")
         it = iter(p.stdout)
@@ -320,9 +325,17 @@ def test_a_process_running_at_snapshot_runs_on_in_every_copy(client: Client) -> 
             q.kill()
             assert q.wait(timeout=10).exit_code == 137
         assert p.status().running  # the source's own process is untouched by the copies' kills
+        src.pause()
+        src.resume()
+        assert p.status().running  # and a pause/resume carries it too
+        it = iter(p.stdout)
+        assert next(it).startswith(b"0\n")
+        it.close()
     finally:
         for s in made:
             s.terminate()
+        if snap is not None:
+            client.request("DELETE", f"/snapshots/{snap}")
 
 
 def test_rollbox_shell_and_process_ls(sb: SandboxInstance, home: Paths) -> None:
@@ -334,3 +347,20 @@ def test_rollbox_shell_and_process_ls(sb: SandboxInstance, home: Paths) -> None:
     r = subprocess.run([*cli, "process", "ls", sb.sandbox_id], env=_env(home), capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and "exited" in r.stdout and "bash -l" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_routes_are_in_the_openapi_spec_and_output_streams_once_without_follow(sb: SandboxInstance,
+                                                                                    client: Client) -> None:
+    spec = client.request("GET", "/openapi.json")
+    paths = spec["paths"]
+    for path in ("/sandboxes/{sandbox_id}/processes", "/sandboxes/{sandbox_id}/processes/{pid}/output",
+                 "/sandboxes/{sandbox_id}/processes/{pid}/stdin", "/sandboxes/{sandbox_id}/run_code"):
+        assert path in paths, sorted(paths)
+    assert "application/x-ndjson" in paths["/sandboxes/{sandbox_id}/processes/{pid}/output"]["get"]["responses"]["200"][
+        "content"]
+    p = sb.process.exec("sh", "-c", "echo now; sleep 30")
+    assert next(iter(p.stdout)) == b"now\n"
+    events = list(client.stream_lines(f"/sandboxes/{sb.sandbox_id}/processes/{p.pid}/output",
+                                      params={"follow": "false"}))
+    assert events[0]["stream"] == "stdout" and events[-1]["exit"]["running"] is True  # what is there, then at once the end
+    p.kill()

@@ -14,6 +14,7 @@ import pytest
 
 import rollbox
 from rollbox.runtime import cgroups
+from rollbox.runtime.bundle import DEFAULT_PIDS
 
 from .conftest import host_traces
 
@@ -83,7 +84,7 @@ def test_limits(make_sandbox, paths) -> None:
     assert r.pids_limited, r
     assert not sb.exec("true").pids_limited
     pids_max = (cgroups.CGROUP_ROOT / "pids" / paths.cgroup_parent / cid / "pids.max").read_text().strip()
-    assert pids_max == "1024"
+    assert pids_max == str(DEFAULT_PIDS)  # the sandbox's `pids`: one host task per task on runc
     assert sb.exec("true", timeout=30).ok
 
 

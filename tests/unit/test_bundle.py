@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from rollbox.runtime.bundle import AGENT_DIR, AGENT_MOUNT, CPU_PERIOD_US, BundleSpec, oci_spec, write_bundle
+from rollbox.runtime.bundle import (AGENT_DIR, AGENT_MOUNT, CPU_PERIOD_US, BundleSpec, host_pids_max, oci_spec, tmpfs_mounts,
+                                    write_bundle)
+from rollbox.runtime.runc import runc_spec
 
 
 def spec(**kw):
@@ -29,7 +31,9 @@ def test_cpu_quota(cpu, quota):
 def test_cgroups_path_pids_rootfs_hostname():
     s = oci_spec(spec(hostname="box", pids=99))
     assert s["linux"]["cgroupsPath"] == "/rollbox/sb-1"
-    assert s["linux"]["resources"]["pids"] == {"limit": 99}
+    # pids bounds the tasks inside (RLIMIT_NPROC) and, with systrap's stubs, the host cgroup.
+    assert s["linux"]["resources"]["pids"] == {"limit": host_pids_max(99)}
+    assert {"type": "RLIMIT_NPROC", "hard": 99, "soft": 99} in s["process"]["rlimits"]
     assert s["root"] == {"path": "/tmp/rootfs", "readonly": False}
     assert s["hostname"] == "box"
     assert s["ociVersion"] == "1.0.0"
@@ -77,3 +81,42 @@ def test_write_bundle(tmp_path):
     p = write_bundle(tmp_path, spec())
     assert p == tmp_path / "config.json"
     assert json.loads(p.read_text()) == oci_spec(spec())
+
+
+def test_host_pids_bound_gh19():
+    """The host limit sits above what `pids` tasks inside need on each platform (systrap peaked
+    at ~2.25 host tasks per task plus ~22), and grows with pids, not a fixed 4096."""
+    for pids in (16, 64, 512, 4096):
+        assert 2.25 * pids + 22 < host_pids_max(pids) <= 3 * pids + 64
+        assert host_pids_max(pids, "ptrace") > host_pids_max(pids)
+    assert host_pids_max(64) < 4096 // 10
+    s = oci_spec(spec(pids=64, platform="ptrace"))
+    assert s["linux"]["resources"]["pids"] == {"limit": host_pids_max(64, "ptrace")}
+
+
+def test_runc_pids_limit_is_the_sandbox_task_limit_gh19():
+    """runc: one host task per task, no RLIMIT_NPROC (it counts the host's whole uid)."""
+    s = runc_spec(oci_spec(spec(pids=64, tmpfs=tmpfs_mounts(512, tmp_in_memory=False))))
+    assert s["linux"]["resources"]["pids"] == {"limit": 64}
+    assert all(r["type"] != "RLIMIT_NPROC" for r in s["process"]["rlimits"])
+    assert [m["destination"] for m in s["mounts"]].count("/dev/shm") == 1
+
+
+@pytest.mark.parametrize("mib", [128, 1024, 4000])
+def test_memory_backed_mounts_are_bounded_gh19(mib):
+    """/dev/shm always, /tmp only where it is memory-backed: each a quarter of `memory`, so
+    filling both leaves half the sandbox's memory."""
+    assert tmpfs_mounts(mib, tmp_in_memory=False) == (("/dev/shm", mib // 4),)
+    both = tmpfs_mounts(mib, tmp_in_memory=True)
+    assert dict(both) == {"/dev/shm": mib // 4, "/tmp": mib // 4}
+    s = oci_spec(spec(memory_mib=mib, tmpfs=both))
+    mounts = {m["destination"]: m for m in s["mounts"]}
+    for dest, size in both:
+        assert mounts[dest]["type"] == "tmpfs" and f"size={size}m" in mounts[dest]["options"]
+
+
+def test_volume_binds_read_only_or_not():
+    s = oci_spec(spec(binds=(("/v/a", "/a", False), ("/v/b", "/b", True))))
+    mounts = {m["destination"]: m for m in s["mounts"]}
+    assert "rw" in mounts["/a"]["options"] and "ro" not in mounts["/a"]["options"]
+    assert "ro" in mounts["/b"]["options"] and "rw" not in mounts["/b"]["options"]

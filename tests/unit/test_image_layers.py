@@ -27,8 +27,8 @@ from rollbox.errors import ImageCorrupt, ImageNotFound, ImagePullError, InvalidA
 from rollbox.images import layers as layers_mod
 from rollbox.images import registry as registry_mod
 from rollbox.images.archive import import_docker_archive, import_oci_layout
-from rollbox.images.layers import (DOCKER_LAYER_GZIP, OCI_LAYER_GZIP, OCI_LAYER_TAR, OCI_LAYER_ZSTD, LayerBlob,
-                                   apply_layer, image_id_for, store_layer)
+from rollbox.images.layers import LayerBlob, apply_layer, store_layer
+from rollbox.images.manifest import DOCKER_LAYER_GZIP, OCI_LAYER_GZIP, OCI_LAYER_TAR, OCI_LAYER_ZSTD, image_id_for
 from rollbox.images.registry import Reference, parse_reference, pull
 from rollbox.images.store import ImageStore
 

@@ -95,6 +95,9 @@ class FakeDriver:
     def forget(self, container_id: str) -> None:
         self.containers.discard(container_id)
 
+    def known(self, container_id: str) -> bool:
+        return container_id in self.containers
+
     async def list_ids(self) -> list[str]:
         return sorted(self.containers)
 

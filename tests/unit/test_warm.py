@@ -12,22 +12,24 @@ import pytest
 from rollbox import errors
 from rollbox.server import warm
 from rollbox.server.warm import WarmPools
+from rollbox.snapshots.store import SnapshotMeta
 from rollbox.types import SandboxInfo
 
 
 class Service:
     """What WarmPools uses of SandboxService: snapshots.meta, spawn, restore, live, terminate."""
 
-    def __init__(self, faults: int) -> None:
+    def __init__(self, faults: int, volumes: list[dict[str, Any]] | None = None) -> None:
         self.faults = faults
+        self.volumes = volumes or []
         self.restores = 0
         self.live: dict[str, object] = {}
         self.tasks: list[asyncio.Task[Any]] = []
         self.snapshots = self
         self.terminated: list[str] = []
 
-    def meta(self, snapshot_id: str) -> None:
-        return None
+    def meta(self, snapshot_id: str) -> SnapshotMeta:
+        return SnapshotMeta(snapshot_id, "sb-src", "im-x", 1.0, 256, volumes=self.volumes)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         self.tasks.append(asyncio.get_running_loop().create_task(coro))
@@ -84,3 +86,25 @@ def test_a_retry_stops_once_the_pool_is_gone() -> None:
     svc, pools, before = asyncio.run(go())
     assert svc.restores <= before + 1  # at most the try already under way
     assert pools.status("sn-1") == {"snapshot_id": "sn-1", "target": 0, "ready": 0, "filling": 0}
+
+
+def test_no_warm_pool_of_a_snapshot_that_writes_a_volume_gh19() -> None:
+    """Its spares and the sandboxes handed out would all mount the volume read-write at once."""
+    svc = Service(faults=0, volumes=[{"name": "v", "mount_path": "/data"}])
+    pools = WarmPools(svc)  # type: ignore[arg-type]
+    with pytest.raises(errors.VolumeBusy, match="read_only=True"):
+        pools.set("sn-1", 2)
+    assert svc.restores == 0 and pools.status("sn-1")["target"] == 0
+    pools.set("sn-1", 0)  # removing none is fine
+
+
+def test_a_snapshot_that_reads_a_volume_has_a_warm_pool_gh19() -> None:
+    async def go() -> tuple[Service, WarmPools]:
+        svc = Service(faults=0, volumes=[{"name": "v", "mount_path": "/data", "read_only": True}])
+        pools = WarmPools(svc)  # type: ignore[arg-type]
+        pools.set("sn-1", 2)
+        await svc.settle()
+        return svc, pools
+
+    svc, pools = asyncio.run(go())
+    assert svc.restores == 2 and pools.status("sn-1")["ready"] == 2

@@ -109,8 +109,9 @@ MAX_FRAME = 1024 * 1024 * 1024
 # counts every task of the sandbox, threads included; a bomb's tree, seen while it churns, was
 # well under the limit itself).
 _NPROC = resource.getrlimit(resource.RLIMIT_NPROC)[0]
-PIDS_REPORT_AT = max(16, _NPROC // 2) if _NPROC != resource.RLIM_INFINITY else 1 << 30
+PIDS_REPORT_AT = max(4, _NPROC // 2) if _NPROC != resource.RLIM_INFINITY else 1 << 30
 KEY_FILE = "/.rollbox-key"
+TMP_MARKER = "/tmp/.rollbox-tmp-on-disk"  # keeps gVisor's tmpfs off /tmp (runtime/rootfs.py); gone at start
 
 
 try:
@@ -203,25 +204,38 @@ def kill_tree(pid, mark, sig=signal.SIGKILL):
     """Signals the process group of `pid` and every process carrying `mark` (setsid'd,
     daemonised descendants too): the one kill mechanism of execs and background processes.
     SIGKILL repeats until none is left; another signal is sent once. Returns how many
-    processes the tree had when the kill began."""
-    first = None
-    for _ in range(50 if sig == signal.SIGKILL else 1):
-        pids = marked_pids(mark)  # before the group kill, so the count is the whole tree's
-        if first is None:
-            first = len(pids)
+    processes the tree had when the kill began: counted before the first signal (a killed
+    process's environ is gone at once)."""
+    pids = marked_pids(mark)
+    first = len(pids)
+    if sig != signal.SIGKILL:
+        # Once to each: the group, then the tree's processes outside it (setsid'd ones).
         try:
             os.killpg(pid, sig)
         except OSError:
             pass
         for p in pids:
             try:
-                os.kill(p, sig)
+                if os.getpgid(p) != pid:
+                    os.kill(p, sig)
+            except OSError:
+                pass
+        return first
+    for _ in range(50):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        pids = marked_pids(mark)
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
             except OSError:
                 pass
         if not pids:
             break
         time.sleep(0.02)
-    return first or 0
+    return first
 
 
 def exit_code_of(status):
@@ -508,6 +522,8 @@ def op_identity(req):
     _identity["env"] = dict(req.get("env") or {})
     seed = req.get("entropy")
     if seed:
+        _run_restore_hook()
+    if seed:
         try:
             # Mixing fresh host entropy in; gVisor's getrandom already reads host entropy.
             with open("/dev/urandom", "wb") as f:
@@ -529,6 +545,22 @@ def op_identity(req):
     return {}
 
 
+# The opt-in reseed hook (the Rust agent's RESTORE_HOOK says why): every restored copy runs
+# it once, detached, with its identity and a fresh ROLLBOX_SEED in the environment.
+RESTORE_HOOK = "/etc/rollbox/restore-hook"
+
+
+def _run_restore_hook():
+    if not os.path.isfile(RESTORE_HOOK):
+        return
+    env = {**os.environ, **_identity["env"], "ROLLBOX_SEED": os.urandom(16).hex()}
+    try:
+        subprocess.Popen([RESTORE_HOOK], env=env, cwd="/", stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        pass
+
+
 def op_ping(req):
     return {"pid": os.getpid(), "protocol": PROTOCOL, "time": time.time()}
 
@@ -546,6 +578,9 @@ def op_proc_start(req):
         raise ValueError("command not found: %s" % req["argv"][0])
     except PermissionError as e:
         raise ValueError("cannot run %r: %s" % (req["argv"][0], e))
+    except BlockingIOError:  # EAGAIN from fork: RLIMIT_NPROC (it counts threads too)
+        raise procs.ProcError("resource_exhausted", "cannot start %r: the sandbox is at its process limit; "
+                                                    "nothing was started" % req["argv"][0])
 
 
 OPS = {
@@ -661,6 +696,10 @@ def main():
                 signal.SIGALRM):
         signal.signal(sig, _ignore)
     load_key()
+    try:
+        os.unlink(TMP_MARKER)
+    except OSError:
+        pass
     # Before CAP_SYS_ADMIN leaves the bounding set: the launcher of the episode-container
     # zygote keeps it (containers need mount and clone namespaces); no command ever has it.
     zygote = ZygoteLink()

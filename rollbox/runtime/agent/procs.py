@@ -192,11 +192,22 @@ class ProcessTable:
         p = Proc(popen, waiter, mark, req, in_fd, out_fds, pty_fd)
         if p.pty:
             p.closed["stderr"] = True  # merged into the terminal
+        try:
+            threading.Thread(target=self._pump, args=(p,), daemon=True).start()
+        except RuntimeError:
+            # No thread to be had (the sandbox's process limit, a fork bomb): a process
+            # nobody drains would block on a full pipe, so it is not left running.
+            self._kill_tree(p.pid, p.mark, signal.SIGKILL)
+            for f in (popen.stdin, popen.stdout, popen.stderr):
+                if f is not None:
+                    f.close()
+            if pty_fd is not None:
+                os.close(pty_fd)
+            raise ProcError("resource_exhausted", "cannot start a reader thread for %r: the sandbox is at its "
+                                                  "process limit; nothing was started" % argv[0])
         with self._lock:
             self._prune()
             self._procs[p.pid] = p
-        t = threading.Thread(target=self._pump, args=(p,), daemon=True)
-        t.start()
         return {"pid": p.pid, "started_at": p.started_at}
 
     def read(self, req):

@@ -31,6 +31,9 @@ use std::time::{Duration, Instant};
 use json::{ObjBuilder, Value};
 
 const KEY_FILE: &str = "/.rollbox-key";
+/// Put in a fresh sandbox's /tmp by the daemon (runtime/rootfs.py) so that gVisor mounts no
+/// tmpfs of its own over an empty /tmp; removed before any command runs.
+const TMP_MARKER: &str = "/tmp/.rollbox-tmp-on-disk";
 const MAX_FRAME: usize = 1024 * 1024 * 1024;
 const MAC_LEN: usize = 32;
 
@@ -255,6 +258,7 @@ fn main() {
     }
     let privileged = std::env::var_os("ROLLBOX_PRIVILEGED").map(|v| v == "1").unwrap_or(false);
     let key = load_key();
+    let _ = std::fs::remove_file(TMP_MARKER);
     // Before CAP_SYS_ADMIN leaves the bounding set and before any thread exists: the launcher
     // of the episode-container zygote keeps the capability (containers need mounts and new
     // namespaces); no command ever gets it.

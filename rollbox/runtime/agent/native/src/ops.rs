@@ -648,6 +648,7 @@ pub fn op_remove(req: &Value) -> OpResult {
 pub fn op_identity(a: &Agent, req: &Value) -> OpResult {
     let env = str_map(req, "env")?;
     *a.identity.lock().unwrap() = env;
+    let restored = opt_bytes(req, "entropy")?.is_some();
     if let Some(seed) = opt_bytes(req, "entropy")? {
         // Mixing fresh host entropy in; gVisor's getrandom already reads host entropy.
         if let Ok(bytes) = b64::decode(seed) {
@@ -665,7 +666,35 @@ pub fn op_identity(a: &Agent, req: &Value) -> OpResult {
             let _ = fs::write("/etc/hostname", line);
         }
     }
+    if restored {
+        run_restore_hook(a);
+    }
     Ok(ObjBuilder::new())
+}
+
+/// The opt-in reseed hook: a restored copy's processes keep the random state they had at the
+/// snapshot (by design: episodes are reproducible). An image that wants divergence ships an
+/// executable RESTORE_HOOK; every restored copy runs it once, detached, with the copy's
+/// identity and a fresh ROLLBOX_SEED (32 hex digits) in its environment (e.g. to signal its
+/// servers to re-seed). Its output is discarded; the PID-1 reaper reaps it.
+const RESTORE_HOOK: &str = "/etc/rollbox/restore-hook";
+
+fn run_restore_hook(a: &Agent) {
+    if !fs::metadata(RESTORE_HOOK).map(|m| m.is_file()).unwrap_or(false) {
+        return;
+    }
+    let mut seed = [0u8; 16];
+    if let Ok(mut f) = fs::File::open("/dev/urandom") {
+        let _ = f.read_exact(&mut seed);
+    }
+    let mut cmd = std::process::Command::new(RESTORE_HOOK);
+    cmd.env_clear();
+    for (k, v) in a.base_env.iter().chain(a.identity.lock().unwrap().iter()) {
+        cmd.env(os(k), os(v));
+    }
+    cmd.env("ROLLBOX_SEED", hex(&seed)).current_dir("/")
+        .stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    let _ = cmd.spawn();
 }
 
 pub fn op_ping() -> OpResult {
