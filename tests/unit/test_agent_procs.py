@@ -105,6 +105,10 @@ def test_unknown_pid_and_bad_input_are_typed(ag):
     assert r["message"] == "unable to find user rollbox-no-such-user: no matching entries in passwd file"
     r = ag.request("proc_start", argv=["rollbox-no-such-cmd"], env={})
     assert (r["ok"], r["error"]) == (False, "invalid_argument")
+    r = ag.request("proc_start", argv=[], env={})
+    assert (r["ok"], r["error"]) == (False, "invalid_argument")
+    r = ag.request("proc_start", argv=["true"], env={}, pty=True, cols=0, rows=70000)
+    assert (r["ok"], r["error"]) == (False, "invalid_argument")
 
 
 def test_kill_reaches_a_setsid_daemon(ag, tmp_path):

@@ -130,7 +130,7 @@ pub(crate) fn num(req: &Value, key: &str, default: f64) -> Result<f64, OpError> 
 }
 
 pub(crate) fn win(req: &Value, key: &str, default: f64) -> Result<u16, OpError> {
-    let v = num(req, key, default)?;
+    let v = if req.get_truthy(key).is_some() { num(req, key, default)? } else { default };
     if !(1.0..=65535.0).contains(&v) {
         return Err(OpError::invalid(format!("{} must be between 1 and 65535, not {}", key, v)));
     }
@@ -139,7 +139,7 @@ pub(crate) fn win(req: &Value, key: &str, default: f64) -> Result<u16, OpError> 
 
 pub fn op_start(a: &Agent, req: &Value) -> OpResult {
     let pty = req.get_truthy("pty").is_some();
-    let (cols, rows) = (win(req, "cols", 80.0)?, win(req, "rows", 24.0)?);
+    let (cols, rows) = if pty { (win(req, "cols", 80.0)?, win(req, "rows", 24.0)?) } else { (80, 24) };
     let timeout = num(req, "timeout", 0.0)?;
     let head_cap = num(req, "max_retained", DEFAULT_RETAINED as f64)?.max(0.0) as usize;
     let mut token = [0u8; 12];
@@ -147,7 +147,8 @@ pub fn op_start(a: &Agent, req: &Value) -> OpResult {
     let mark = format!("{}-p{}", unsafe { sys::getpid() }, ops::hex(&token));
     let mut env = ops::command_env(a, req)?;
     ops::env_set(&mut env, ops::MARK.as_bytes(), mark.as_bytes());
-    let argv = ops::str_list(req, "argv")?;
+    let argv = ops::str_list(req, "argv")
+        .map_err(|_| OpError::invalid("proc_start needs a non-empty list of string arguments"))?;
     let what = String::from_utf8_lossy(&argv[0]).to_string();
     let p = match ops::prepare(req, &env) {
         Ok(p) => p,
