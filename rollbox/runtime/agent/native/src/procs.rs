@@ -174,13 +174,15 @@ pub fn op_start(a: &Agent, req: &Value) -> OpResult {
         let m = Arc::new(m);
         ([Some(m.0), None], Input::Pty(m.clone()), Some(m), (s, None, None))
     } else {
-        let (or, ow) = sys::pipe().map_err(io_fail)?;
-        let (er, ew) = sys::pipe().map_err(io_fail)?;
-        let (ir, iw) = sys::pipe().map_err(io_fail)?;
-        let fds = [Some(or), Some(er)];
-        keep.push(Fd(or));
-        keep.push(Fd(er));
-        (fds, Input::Pipe(Fd(iw)), None, (Fd(ir), Some(Fd(ow)), Some(Fd(ew))))
+        // Each end owned at once, so a failed later pipe (EMFILE) closes the earlier ones.
+        let pair = || sys::pipe().map(|(r, w)| (Fd(r), Fd(w))).map_err(io_fail);
+        let (or, ow) = pair()?;
+        let (er, ew) = pair()?;
+        let (ir, iw) = pair()?;
+        let fds = [Some(or.0), Some(er.0)];
+        keep.push(or);
+        keep.push(er);
+        (fds, Input::Pipe(iw), None, (ir, Some(ow), Some(ew)))
     };
     let (child_in, child_out, child_err) = launch_fds;
     let out_fd = child_out.as_ref().map(|f| f.0).unwrap_or(child_in.0);
