@@ -17,6 +17,8 @@ What is measured and how (all wall-clock, `time.perf_counter`, one warm-up run d
    again prepared before the clock starts, rollbox's own upper copy and mount are inside it.
 3. Exec round trip of `true` in a warm sandbox (rollbox: agent over FIFOs; raw: `runsc exec`).
    Then exec fan-out (bench/execs.py): `echo 1` 256 at once across 32 sandboxes, execs/s, p50/p99.
+   Then background processes (bench/processes.py): write-to-client latency p50/p99, process start,
+   run_code `1+1` against exec `python3 -c`.
 4. `sb.fork(8)` wall time.
 5. Episodes/s of a trivial episode (`sb.exec("true")`) through `SandboxPool.map` at
    concurrency 1, 4 and 16, pool teardown included. Baseline: one raw runsc
@@ -64,7 +66,7 @@ from rollbox.sdk.pool import SandboxPool
 from rollbox.sdk.sandbox import Sandbox, SandboxInstance, default_client
 from rollbox.server import inventory
 
-from . import execs, memory, scale
+from . import execs, memory, processes, scale
 from .common import (CGROUP_PARENT, IMAGE_ID, IMAGE_ROOTFS, PRIVATE_HOME, RAW_ROOT,
                      SHARED_HOME, WORK, log, timed_ms)
 from .memory import Memory, host_sandbox_count, idle_memory
@@ -78,6 +80,7 @@ N_COLD, N_RESTORE, N_EXEC, N_RAW_EXEC, N_RAW_RESTORE, N_RAW_COLD = 10, 20, 100, 
 FORK_N, IDLE_N = 8, 8
 POOL_RUNS: tuple[tuple[int, int], ...] = ((1, 16), (4, 32), (16, 48))  # (concurrency, episodes)
 EXEC_FANOUT = (32, 256, 4000)  # sandboxes, concurrency, execs
+N_PROCS = 40  # samples per figure of the processes section (bench/processes.py)
 RAW_EPISODE_RUNS: tuple[tuple[int, int], ...] = ((1, 12), (4, 16))
 NET_CYCLES = int(os.environ.get("ROLLBOX_BENCH_NET_CYCLES", "1000"))
 # Tier rows (bench/scale.py): (concurrency, episodes) per run; TIER_POOL_RUNS for the gVisor tiers.
@@ -372,6 +375,8 @@ def measure(tr: Tracker, raw: RawRunsc) -> dict[str, Any]:
     m["raw_exec"] = raw_exec_ms(raw, image, N_RAW_EXEC)
     m["exec_fanout"] = execs.fanout(*EXEC_FANOUT)
     log(f"exec fan-out: {m['exec_fanout']}")
+    m["processes"] = processes.measure(N_PROCS)
+    log(f"processes: {m['processes']}")
     log(f"raw exec: p50 {pct(m['raw_exec'], .5):.1f} ms")
 
     m["fork8_s"] = rollbox_fork(tr, base, FORK_N)
@@ -444,8 +449,8 @@ def main(argv: list[str] | None = None) -> int:
         global NET_CYCLES, IDLE_N
         N_COLD, N_RESTORE, N_EXEC, N_RAW_EXEC, N_RAW_RESTORE, N_RAW_COLD = 4, 8, 40, 10, 8, 4
         POOL_RUNS, RAW_EPISODE_RUNS, IDLE_N = ((1, 6), (4, 12)), ((1, 6), (4, 8)), 4
-        global EXEC_FANOUT
-        EXEC_FANOUT = (8, 64, 400)
+        global EXEC_FANOUT, N_PROCS
+        EXEC_FANOUT, N_PROCS = (8, 64, 400), 20
         global TIER_RUNS, TIER_POOL_RUNS, N_TIER_TTFC, N_WARM_ACQUIRE, SCALE_TESTS
         TIER_RUNS, TIER_POOL_RUNS = [(1, 4), (4, 8), (16, 16), (64, 64)], [(1, 4), (4, 8), (16, 16)]
         memory.IDLE_CPU_WINDOW_S = 3.0
@@ -457,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         global ADMISSION, DENSITY
         N_COLD, N_RESTORE, N_EXEC, N_RAW_EXEC, N_RAW_RESTORE, N_RAW_COLD = 2, 2, 4, 2, 2, 2
         POOL_RUNS, RAW_EPISODE_RUNS, IDLE_N, EXEC_FANOUT = ((1, 2), (4, 4)), ((1, 2),), 2, (2, 4, 8)
+        N_PROCS = 5
         TIER_RUNS, TIER_POOL_RUNS, N_TIER_TTFC, N_WARM_ACQUIRE = [(1, 2), (4, 4)], [(1, 2), (4, 4)], 2, 2
         SCALE_TESTS, RAY_ROW, NET_CYCLES = True, True, 4
         ADMISSION, DENSITY = (8, 4), {"limit": 4, "batch": 2}

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 
-from . import memory
+from . import memory, processes
 from .stats import pct
 
 TARGETS = {"restore_ttfc_p50_ms": ("<=", 100.0), "ttfc_p99_ms": ("<=", 250.0),
@@ -39,7 +39,7 @@ def build_results(m: dict[str, Any]) -> dict[str, Any]:
         "exec_p50_ms": r(pct(m["exec"], .5), 2), "exec_p99_ms": r(pct(m["exec"], .99), 2),
         "raw_runsc_exec_p50_ms": r(pct(m["raw_exec"], .5), 1),
         "http_rtt_p50_ms": r(pct(m["http_rtt"], .5), 2), "agent_rtt_p50_ms": r(pct(m["agent_rtt"], .5), 2),
-        "fork8_s": r(m["fork8_s"], 2), "exec_fanout": m["exec_fanout"],
+        "fork8_s": r(m["fork8_s"], 2), "exec_fanout": m["exec_fanout"], "processes": m.get("processes"),
         "net_restore_ttfc_p50_ms": r(pct(m["net_restore"], .5)),
         "net_cold_ttfc_p50_ms": r(pct(m["net_cold"], .5)),
         "net_restore_extra_ms": r(pct(m["net_restore"], .5) - pct(m["restore_pair"], .5)),
@@ -152,6 +152,7 @@ def print_table(res: dict[str, Any], m: dict[str, Any], *, fork_n: int, idle_n: 
          "GET /sandboxes/ID; fs.read_file (no spawn)"),
         ("exec fan-out execs/s, p50 / p99 (ms)", "{execs_per_s}, {p50_ms} / {p99_ms}".format(**res["exec_fanout"]), "-",
          "echo 1, {concurrency} at once across {sandboxes} sandboxes; {failed} failed".format(**res["exec_fanout"])),
+        *(processes.rows(res["processes"]) if res.get("processes") else []),
         (f"fork({FORK_N}) wall (s)", f"{res['fork8_s']}", "-", ""),
         ("restore TTFC p50, networked (ms)", f"{res['net_restore_ttfc_p50_ms']}", "-",
          f"+{res['net_restore_extra_ms']} ms over loopback-only, interleaved (target <= 20)"),

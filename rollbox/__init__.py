@@ -19,7 +19,9 @@ from .errors import (  # noqa: E402
     ImagePullError,
     InvalidArgument,
     InvalidState,
+    NotAPty,
     NotFound,
+    ProcessNotFound,
     ResourceExhausted,
     ResourceUnavailable,
     Unauthorized,
@@ -29,6 +31,7 @@ from .errors import (  # noqa: E402
     SandboxNotFound,
     SandboxTerminated,
     SnapshotNotFound,
+    StdinClosed,
     UnsupportedImage,
     UnsupportedOperation,
     VolumeBusy,
@@ -38,6 +41,7 @@ from .distributed import init  # noqa: E402
 from .sdk.function import Function, FunctionError, function  # noqa: E402
 from .sdk.image import Image  # noqa: E402
 from .sdk.pool import SandboxPool  # noqa: E402
+from .sdk.process import CodeError, CodeResult, ProcessInfo, SandboxProcess, SandboxProcesses  # noqa: E402
 from .sdk.sandbox import Sandbox, SandboxInstance  # noqa: E402
 from .sdk.volume import Volume  # noqa: E402
 from .types import EpisodeResult, ExecResult, FileEntry, SandboxInfo  # noqa: E402
@@ -45,6 +49,8 @@ from .types import EpisodeResult, ExecResult, FileEntry, SandboxInfo  # noqa: E4
 __all__ = [
     "AgentFailed",
     "ApiError",
+    "CodeError",
+    "CodeResult",
     "ContainerNotFound",
     "DaemonUnavailable",
     "EpisodePoolNotFound",
@@ -62,7 +68,10 @@ __all__ = [
     "ImagePullError",
     "InvalidArgument",
     "InvalidState",
+    "NotAPty",
     "NotFound",
+    "ProcessInfo",
+    "ProcessNotFound",
     "ResourceExhausted",
     "ResourceUnavailable",
     "RollboxError",
@@ -73,8 +82,11 @@ __all__ = [
     "SandboxLost",
     "SandboxNotFound",
     "SandboxPool",
+    "SandboxProcess",
+    "SandboxProcesses",
     "SandboxTerminated",
     "SnapshotNotFound",
+    "StdinClosed",
     "Unauthorized",
     "UnsupportedImage",
     "UnsupportedOperation",

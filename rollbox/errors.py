@@ -3,6 +3,7 @@
     RollboxError
     ├── InvalidArgument
     │   ├── UnsupportedImage     (a media type, platform or archive layout rollbox cannot use)
+    │   ├── NotAPty              (a terminal resize of a background process started without pty=True)
     │   └── ImageBuildError      (a build step's command failed; carries its output)
     ├── NotFound
     │   ├── SandboxNotFound
@@ -10,9 +11,11 @@
     │   ├── ImageNotFound
     │   ├── VolumeNotFound
     │   ├── ContainerNotFound    (an episode container that ended or never existed)
-    │   └── EpisodePoolNotFound
+    │   ├── EpisodePoolNotFound
+    │   └── ProcessNotFound      (a background-process pid the sandbox's agent does not know)
     ├── InvalidState             (e.g. exec on a terminated sandbox)
     │   ├── UnsupportedOperation (the sandbox's runtime cannot do it, e.g. a runc memory snapshot)
+    │   ├── StdinClosed          (a write to a background process's stdin after it was closed)
     │   ├── VolumeBusy           (a read-write mount beside a gVisor writer of the same volume)
     │   └── SandboxTerminated
     │       └── FunctionTimeout  (a remote function ran past its timeout; its sandbox was killed)
@@ -122,6 +125,25 @@ class FunctionTimeout(SandboxTerminated):
     code = "function_timeout"
 
 
+class ProcessNotFound(NotFound):
+    """No background process with that pid was started through the API in this sandbox (or it
+    ended long enough ago to be forgotten: the 64 most recent ended ones are kept 600 s)."""
+
+    code = "process_not_found"
+
+
+class StdinClosed(InvalidState):
+    """A write to a background process's stdin after `stdin.close()` (or after it ended)."""
+
+    code = "stdin_closed"
+
+
+class NotAPty(InvalidArgument):
+    """A terminal operation (resize) on a background process started without `pty=True`."""
+
+    code = "not_a_pty"
+
+
 class SandboxLost(RollboxError):
     code, status, retryable = "sandbox_lost", 502, True
 
@@ -195,7 +217,7 @@ CODES: dict[str, type[RollboxError]] = {
         VolumeNotFound, FileNotFoundInSandbox, InvalidState, SandboxTerminated, SandboxLost, RuntimeMissing,
         ResourceExhausted, DaemonUnavailable, ApiError, ImagePullError, ImageCorrupt, UnsupportedImage,
         ImageBuildError, FunctionTimeout, ResourceUnavailable, Unauthorized, UnsupportedOperation, VolumeBusy,
-        ContainerNotFound, EpisodePoolNotFound, AgentFailed,
+        ContainerNotFound, EpisodePoolNotFound, AgentFailed, ProcessNotFound, StdinClosed, NotAPty,
     )
 }
 

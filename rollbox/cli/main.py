@@ -1,4 +1,4 @@
-"""`rollbox` command line: serve, ps, exec, rm, doctor, demo, image, snapshot, usage, top, bench."""
+"""`rollbox` command line: serve, ps, exec, shell, process, rm, doctor, demo, image, snapshot, usage, top, bench."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import typer
 
 from .. import errors
 from ..config import Paths
+from .shell import process_app, shell
 
 if TYPE_CHECKING:
     from ..client.transport import Client
@@ -29,6 +30,8 @@ app.add_typer(daemon_app, name="daemon")
 app.add_typer(image_app, name="image")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(demo_app, name="demo")
+app.add_typer(process_app, name="process")
+app.command("shell", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(shell)
 
 
 def _client() -> "Client":
@@ -439,7 +442,8 @@ def bench(ctx: typer.Context,
     """Run the benchmark (bench/bench.py in the source tree): one table, then one JSON line.
     Extra arguments go to the benchmark (e.g. --shared-daemon); `rollbox bench humaneval` runs
     only its HumanEval section (bench/humaneval.py), `rollbox bench fusion` HumanEval through
-    `rollbox serve-fusion` and the sandbox-fusion client beside the SDK (bench/fusion.py)."""
+    `rollbox serve-fusion` and the sandbox-fusion client beside the SDK (bench/fusion.py),
+    `rollbox bench processes` background processes and run_code (bench/processes.py)."""
     import importlib
     from pathlib import Path
 
@@ -451,6 +455,8 @@ def bench(ctx: typer.Context,
     extra = list(ctx.args)
     if extra[:1] == ["humaneval"]:  # `rollbox bench humaneval [--quick] [--limit N] [--modes ...]`
         raise typer.Exit(importlib.import_module("bench.humaneval").main((["--quick"] if quick else []) + extra[1:]))
+    if extra[:1] == ["processes"]:  # `rollbox bench processes [--n 40] [--agent python]`
+        raise typer.Exit(importlib.import_module("bench.processes").main(extra[1:]))
     if extra[:1] == ["fusion"]:  # `rollbox bench fusion [--concurrency 8] [--isolation ...]`: /run_code vs the SDK
         raise typer.Exit(importlib.import_module("bench.fusion").main(extra[1:]))
     bench_main = importlib.import_module("bench.bench").main

@@ -94,10 +94,16 @@ class Client:
             headers["authorization"] = f"Bearer {token.strip()}"
         self._http = httpx.Client(transport=transport, base_url=base,
                                   timeout=httpx.Timeout(None, connect=10.0), headers=headers)
+        # Streamed answers (process output) hold their connection while they last: httpx's own
+        # pool, apart from the request pool (which reads every body whole).
+        stream_transport = httpx.HTTPTransport(uds=self.socket_path) if base == "http://rollbox" else httpx.HTTPTransport()
+        self._stream_http = httpx.Client(transport=stream_transport, base_url=base,
+                                         timeout=httpx.Timeout(None, connect=10.0), headers=headers)
         self._checked = False
 
     def close(self) -> None:
         self._http.close()
+        self._stream_http.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -235,6 +241,32 @@ class Client:
                                             f"(HTTP {status}: {str(text)[:200]}): it was stopping or crashing; "
                                             f"retry the call; see {self.paths.daemon_log}")
         return errors.from_wire(body if isinstance(body, dict) else {"message": str(body)}, status)
+
+    def stream_lines(self, path: str, params: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        """GETs a chunked NDJSON resource and yields each line's object as it arrives (the
+        connection closes when the iterator is closed). Raises the daemon's typed error for
+        a failed answer or an {"error": ...} line, DaemonUnavailable when the connection is lost."""
+        self.ensure_daemon()
+        try:
+            with self._stream_http.stream("GET", path, params=params) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    try:
+                        body = resp.json()
+                    except ValueError:
+                        body = {"message": resp.text[:500]}
+                    if resp.status_code == 422:
+                        raise errors.InvalidArgument(f"invalid request to {path}: {body.get('detail', body)}")
+                    raise self._error(resp.status_code, body, f"GET {path}")
+                for line in resp.iter_lines():
+                    if line:
+                        obj = _json.loads(line)
+                        if "error" in obj and isinstance(obj["error"], dict):
+                            raise errors.from_wire(obj["error"], 500)
+                        yield obj
+        except httpx.TransportError as e:
+            raise errors.DaemonUnavailable(f"lost the rollbox daemon at {self.base_url} while streaming {path}: {e}; "
+                                           f"see {self.paths.daemon_log}") from e
 
     def request(self, method: str, path: str, json: Any = None, params: dict[str, Any] | None = None) -> Any:
         """Sends one request; returns the decoded JSON body or raises the daemon's typed error."""

@@ -24,6 +24,7 @@ from ..client.transport import Client
 from ..types import ExecResult, FileEntry, SandboxInfo
 from ._aio import cleaning, synchronized
 from .image import Image
+from .process import SandboxProcesses
 from .volume import Volume
 
 
@@ -330,6 +331,7 @@ class SandboxInstance:
         self.fs = SandboxFileSystem(self)
         self._streams_files = True  # the streamed file routes (an episode container has only the JSON ones)
         self.docker = SandboxDocker(self)
+        self.process = SandboxProcesses(self)
         self.terminated = False
         # Set by exec results; SandboxPool reads them to classify an episode.
         self.saw_timeout = False
@@ -361,7 +363,7 @@ class SandboxInstance:
     @synchronized
     def exec(self, *args: str, timeout: float | None = None, env: dict[str, str] | None = None,
              cwd: str | None = None, stdin: bytes | str | None = None,
-             max_output: int | None = None) -> ExecResult:
+             max_output: int | None = None, user: str | int | None = None) -> ExecResult:
         """Runs a command (argv, no shell) and waits for it.
 
         Args:
@@ -375,11 +377,15 @@ class SandboxInstance:
             max_output: bytes kept per stream (default 8 MiB; at most 64 MiB); more is
                 drained and dropped, and `truncated=True`. 0 keeps nothing (the byte counts
                 `stdout_bytes`/`stderr_bytes` still say how much there was).
+            user: run as this user of the image (a name, "name:group", or a uid); default:
+                the image's User.
 
         Returns:
             ExecResult. A nonzero exit is not an exception.
 
         Raises:
+            InvalidArgument: an unknown user ("unable to find user NAME: no matching entries in
+                passwd file").
             SandboxTerminated: the sandbox was terminated before. SandboxLost: it died mid-exec
                 for a reason other than memory (memory gives `oom_killed=True`).
         """
@@ -393,7 +399,7 @@ class SandboxInstance:
         if stdin is not None:
             sin = base64.b64encode(stdin.encode() if isinstance(stdin, str) else stdin).decode()
         r = self._call("POST", "exec", {"argv": list(args), "env": env or {}, "cwd": cwd, "stdin": sin,
-                                        "timeout": timeout, "max_output": max_output})
+                                        "timeout": timeout, "max_output": max_output, "user": user})
         res = ExecResult.from_wire(r)
         self.saw_timeout |= res.timed_out
         self.saw_oom |= res.oom_killed

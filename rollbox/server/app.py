@@ -25,6 +25,7 @@ from .episode_routes import add_episode_routes
 from .file_routes import add_file_routes
 from .leases import Leases, add_lease_routes
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .process_routes import add_process_routes
 from .service import SandboxService
 
 log = logging.getLogger("rollbox.api")
@@ -121,6 +122,8 @@ class ExecRequest(BaseModel):
     timeout: float | None = Field(None, description="seconds; None = no limit", gt=0, allow_inf_nan=False)
     max_output: int | None = Field(None, description="bytes kept per stream (<= 64 MiB); the rest is dropped "
                                    "(truncated=true)", ge=0, le=64 * 1024 * 1024)
+    user: StrictStr | StrictInt | None = Field(None, description="user name or uid of the image to run as; "
+                                              "null: the image's User")
 
 
 class WriteFile(BaseModel):
@@ -215,6 +218,7 @@ def create_app(service: SandboxService) -> FastAPI:
     add_episode_routes(app, service, ExecRequest, WriteFile, PathRequest)
     add_lease_routes(app, Leases(service))
     add_file_routes(app, service)
+    add_process_routes(app, service)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -290,7 +294,7 @@ def create_app(service: SandboxService) -> FastAPI:
     @app.post("/sandboxes/{sandbox_id}/exec")
     async def exec_(sandbox_id: str, body: ExecRequest) -> dict[str, Any]:
         return await service.exec(sandbox_id, body.argv, env=body.env, cwd=body.cwd, stdin=body.stdin,
-                                  timeout=body.timeout, max_output=body.max_output)
+                                  timeout=body.timeout, max_output=body.max_output, user=body.user)
 
     @app.post("/sandboxes/{sandbox_id}/files/write")
     async def write_file(sandbox_id: str, body: WriteFile) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
 import time
 from typing import Any
 
@@ -27,6 +28,10 @@ AGENT_ERRORS: dict[str, type[errors.RollboxError]] = {
     "invalid_argument": errors.InvalidArgument,
     "container_not_found": errors.ContainerNotFound,
     "container_error": errors.SandboxLost,
+    "process_not_found": errors.ProcessNotFound,
+    "stdin_closed": errors.StdinClosed,
+    "not_a_pty": errors.NotAPty,
+    "resource_exhausted": errors.ResourceExhausted,  # e.g. no thread for a process's reader (pids limit)
 }
 
 
@@ -39,6 +44,26 @@ def container_op(op: str, container: str | None) -> tuple[str, dict[str, str]]:
 log = logging.getLogger("rollbox.exec")
 
 
+# The native agent's wording for an unknown user; the API says it the inspect-ai/Docker way.
+_UNKNOWN_USER = re.compile(r"user '?([^']*?)'? is not in the image's /etc/passwd")
+
+
+def user_message(message: str) -> str:
+    """An agent's error message with an unknown user worded "unable to find user NAME: no
+    matching entries in passwd file" whichever agent (native or Python) said it."""
+    return _UNKNOWN_USER.sub(r"unable to find user \1: no matching entries in passwd file", message)
+
+
+def check_user(user: str | int) -> str:
+    """The wire form of `user=` (a name or uid, "name:group" too). Raises InvalidArgument."""
+    if isinstance(user, bool) or not isinstance(user, (str, int)) or (isinstance(user, int) and user < 0):
+        raise errors.InvalidArgument(f"user={user!r} must be a user name or a uid (int >= 0)")
+    text = str(user)
+    if not text or any(c in text for c in "\0\n"):
+        raise errors.InvalidArgument(f"user={user!r} must be a non-empty user name or uid")
+    return text
+
+
 class ExecFiles:
     def __init__(self, ctx: ServiceContext, deathwatch: DeathWatch, running: Running) -> None:
         self.ctx = ctx
@@ -47,12 +72,14 @@ class ExecFiles:
 
     async def exec(self, sandbox_id: str, argv: list[str], *, env: dict[str, str] | None = None,
                    cwd: str | None = None, stdin: str | None = None, timeout: float | None = None,
-                   max_output: int | None = None, container: str | None = None) -> dict[str, Any]:
+                   max_output: int | None = None, container: str | None = None,
+                   user: str | int | None = None) -> dict[str, Any]:
         """Runs `argv` in the sandbox (or in its episode container `container`); returns the
-        wire form of ExecResult.
+        wire form of ExecResult. user: a name or uid of the image (default: the image's User).
 
         Raises:
-            InvalidArgument: bad argv, env, stdin (not base64) or timeout (seconds).
+            InvalidArgument: bad argv, env, stdin (not base64) or timeout (seconds); an unknown
+                user ("unable to find user NAME: no matching entries in passwd file").
         """
         if not argv or not all(isinstance(a, str) for a in argv):
             raise errors.InvalidArgument("exec needs a non-empty list of string arguments, e.g. exec('python3', '-c', 'print(1)')")
@@ -87,7 +114,7 @@ class ExecFiles:
             wire_op, extra = container_op("exec", container)
             reply = await self.deathwatch.request(
                 lv, wire_op, None if timeout is None else timeout + 30.0, **extra, argv=argv, env=env or {}, cwd=cwd or lv.workdir,
-                user=lv.user,
+                user=lv.user if user is None else check_user(user),
                 stdin=stdin, timeout=timeout, max_output=DEFAULT_MAX_OUTPUT if max_output is None else max_output)
         except errors.RollboxError as e:
             # Running out of memory ends the whole sandbox: report it on the exec that did it.
@@ -96,7 +123,7 @@ class ExecFiles:
                         "truncated": False, "duration_s": time.monotonic() - started}
             if isinstance(e, AgentError):
                 cls = AGENT_ERRORS.get(e.kind, errors.AgentFailed)
-                detail = e.message if e.kind in AGENT_ERRORS else f"{e.kind}: {e.message}"
+                detail = user_message(e.message) if e.kind in AGENT_ERRORS else f"{e.kind}: {e.message}"
                 raise cls(f"exec in sandbox {sandbox_id}: {detail}", sandbox_id=sandbox_id) from None
             raise
         finally:

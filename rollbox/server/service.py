@@ -255,10 +255,10 @@ class SandboxService:
 
     async def exec(self, sandbox_id: str, argv: list[str], *, env: dict[str, str] | None = None,
                    cwd: str | None = None, stdin: str | None = None, timeout: float | None = None,
-                   max_output: int | None = None) -> dict[str, Any]:
-        """Runs `argv` in the sandbox; returns the wire form of ExecResult."""
+                   max_output: int | None = None, user: str | int | None = None) -> dict[str, Any]:
+        """Runs `argv` in the sandbox (as `user`, default the image's); returns the wire form of ExecResult."""
         return await self.execfiles.exec(sandbox_id, argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
-                                         max_output=max_output)
+                                         max_output=max_output, user=user)
 
     async def write_file(self, sandbox_id: str, path: str, data_b64: str, mode: int = 0o644) -> dict[str, Any]:
         return await self.execfiles.write_file(sandbox_id, path, data_b64, mode)

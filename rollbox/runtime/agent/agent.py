@@ -37,6 +37,11 @@ import threading
 import time
 from _operator import _compare_digest  # constant time; `hmac` would load OpenSSL (+6 MiB)
 
+try:
+    import procs  # procs.py, next to this file (sys.path[0] is /.rollbox in the sandbox)
+except ImportError:  # imported as rollbox.runtime.agent.agent (unit tests)
+    from . import procs  # type: ignore[no-redef]
+
 PROTOCOL = 2  # 2: requests carry an HMAC too
 _HDR = struct.Struct(">I")
 MARK = "ROLLBOX_EXEC_MARK"
@@ -195,11 +200,27 @@ def marked_pids(mark):
     return found
 
 
-def kill_tree(pid, mark):
-    """SIGKILL the exec's process group and every process carrying its mark, until none is
-    left. Returns how many processes the exec had when the kill began: counted before the
-    first signal (a killed process's environ is gone at once)."""
-    first = len(marked_pids(mark))
+def kill_tree(pid, mark, sig=signal.SIGKILL):
+    """Signals the process group of `pid` and every process carrying `mark` (setsid'd,
+    daemonised descendants too): the one kill mechanism of execs and background processes.
+    SIGKILL repeats until none is left; another signal is sent once. Returns how many
+    processes the tree had when the kill began: counted before the first signal (a killed
+    process's environ is gone at once)."""
+    pids = marked_pids(mark)
+    first = len(pids)
+    if sig != signal.SIGKILL:
+        # Once to each: the group, then the tree's processes outside it (setsid'd ones).
+        try:
+            os.killpg(pid, sig)
+        except OSError:
+            pass
+        for p in pids:
+            try:
+                if os.getpgid(p) != pid:
+                    os.kill(p, sig)
+            except OSError:
+                pass
+        return first
     for _ in range(50):
         try:
             os.killpg(pid, signal.SIGKILL)
@@ -243,7 +264,8 @@ def _user_kwargs(user):
         try:
             pw = pwd.getpwnam(name)
         except KeyError:
-            raise ValueError("user %r is not in the image's /etc/passwd" % name)
+            # The inspect-ai/Docker wording, which agents and graders match on.
+            raise ValueError("unable to find user %s: no matching entries in passwd file" % name)
         uid, gid = pw.pw_uid, pw.pw_gid
     if group:
         if group.isdigit():
@@ -282,31 +304,46 @@ def _home_or_root(env):
     return home if home and os.path.isdir(home) else "/"
 
 
-def op_exec(req):
-    argv = req["argv"]
-    timeout = req.get("timeout")
-    cap = DEFAULT_MAX_OUTPUT if req.get("max_output") is None else int(req["max_output"])  # 0: keep nothing
+def make_env(req):
+    """(env, mark) of a command: the agent's environment, the copy's identity, the request's
+    env, and a fresh tree mark (kill_tree finds every descendant by it)."""
     # Random, not the request id: a process must not learn which reply it could try to forge.
     mark = "%d-%s" % (os.getpid(), os.urandom(12).hex())
     env = dict(os.environ)
     env.update(_identity["env"])
     env.update(req.get("env") or {})
     env[MARK] = mark
+    return env, mark
+
+
+def spawn(argv, env, cwd, user, stdin, stdout, stderr, preexec=None):
+    """Starts `argv` in its own session as `user` and registers it with the reaper; returns
+    (Popen, waiter) where waiter[0] is set once waiter[1] holds its wait status.
+    Raises OSError (FileNotFoundError for argv[0] or cwd), ValueError (unknown user)."""
+    extra = _user_kwargs(user)
+    with _children_lock:
+        # Popen uses vfork without preexec_fn: far cheaper under gVisor than fork().
+        proc = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env,
+                                start_new_session=True, restore_signals=True, preexec_fn=preexec, **extra)
+        waiter = [threading.Event(), None]
+        _waiters[proc.pid] = waiter
+        _have_children.set()
+    return proc, waiter
+
+
+def op_exec(req):
+    argv = req["argv"]
+    timeout = req.get("timeout")
+    cap = DEFAULT_MAX_OUTPUT if req.get("max_output") is None else int(req["max_output"])  # 0: keep nothing
+    env, mark = make_env(req)
     cwd = req.get("cwd") or _home_or_root(env)
     stdin_data = base64.b64decode(req["stdin"]) if req.get("stdin") is not None else None
 
     start = time.monotonic()
     try:
-        with _children_lock:
-            # Popen uses vfork here (no preexec_fn): far cheaper under gVisor than fork().
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                cwd=cwd, env=env, start_new_session=True, restore_signals=True, **_user_kwargs(req.get("user")),
-            )
-            pid = proc.pid
-            waiter = [threading.Event(), None]
-            _waiters[pid] = waiter
-            _have_children.set()
+        proc, waiter = spawn(argv, env, cwd, req.get("user"), subprocess.DEVNULL if stdin_data is None else subprocess.PIPE,
+                             subprocess.PIPE, subprocess.PIPE)
+        pid = proc.pid
     except FileNotFoundError as e:
         if cwd is not None and e.filename == cwd:
             return _spawn_failure(126, "rollbox: no such working directory: %s\n" % cwd, start)
@@ -568,8 +605,33 @@ def op_ping(req):
     return {"pid": os.getpid(), "protocol": PROTOCOL, "time": time.time()}
 
 
+_procs = procs.ProcessTable(spawn, make_env, kill_tree, PIDS_REPORT_AT)
+
+
+def op_proc_start(req):
+    try:
+        return _procs.start(req)
+    except FileNotFoundError as e:
+        cwd = req.get("cwd")
+        if cwd and e.filename == cwd:
+            raise ValueError("no such working directory: %s" % cwd)
+        raise ValueError("command not found: %s" % req["argv"][0])
+    except PermissionError as e:
+        raise ValueError("cannot run %r: %s" % (req["argv"][0], e))
+    except BlockingIOError:  # EAGAIN from fork: RLIMIT_NPROC (it counts threads too)
+        raise procs.ProcError("resource_exhausted", "cannot start %r: the sandbox is at its process limit; "
+                                                    "nothing was started" % req["argv"][0])
+
+
 OPS = {
     "exec": op_exec,
+    "proc_start": op_proc_start,
+    "proc_read": _procs.read,
+    "proc_write": _procs.write,
+    "proc_kill": _procs.kill,
+    "proc_resize": _procs.resize,
+    "proc_list": _procs.list,
+    "proc_status": _procs.status,
     "write_file": op_write_file,
     "read_file": op_read_file,
     "list_files": op_list_files,
@@ -589,6 +651,8 @@ def handle(req):
         res["agent_s"] = time.monotonic() - t0
         res["id"] = rid
         res["ok"] = True
+    except procs.ProcError as e:
+        res = {"id": rid, "ok": False, "error": e.kind, "message": str(e)}
     except FileNotFoundError as e:
         res = {"id": rid, "ok": False, "error": "not_found", "message": str(e)}
     except IsADirectoryError as e:

@@ -14,6 +14,9 @@ mod b64;
 mod json;
 mod ops;
 mod proc;
+mod procs;
+mod procs_ops;
+mod retain;
 mod sha256;
 mod sys;
 mod zygote;
@@ -39,6 +42,8 @@ pub struct Agent {
     hmac: sha256::Hmac,
     out: Mutex<()>,
     pub reaper: proc::Reaper,
+    /// Background processes started with `proc_start` (gh-16).
+    pub procs: procs::Table,
     /// The agent's own environment, ROLLBOX_PRIVILEGED removed: the base of every command's.
     pub base_env: Vec<(Vec<u8>, Vec<u8>)>,
     /// Set by `identity`: added to every later command's environment.
@@ -118,6 +123,13 @@ impl Agent {
             Some("remove") => ops::op_remove(&req),
             Some("identity") => ops::op_identity(self, &req),
             Some("ping") => ops::op_ping(),
+            Some("proc_start") => procs::op_start(self, &req),
+            Some("proc_read") => procs_ops::op_read(self, &req),
+            Some("proc_write") => procs_ops::op_write(self, &req),
+            Some("proc_kill") => procs_ops::op_kill(self, &req),
+            Some("proc_resize") => procs_ops::op_resize(self, &req),
+            Some("proc_list") => procs_ops::op_list(self),
+            Some("proc_status") => procs_ops::op_status(self, &req),
             Some(other) => Err(ops::OpError::new("agent_error", format!("KeyError: '{}'", other))),
             None => Err(ops::OpError::new("agent_error", "KeyError: 'op'")),
         }));
@@ -267,6 +279,7 @@ fn main() {
         hmac: sha256::Hmac::new(&key),
         out: Mutex::new(()),
         reaper: proc::Reaper::new(),
+        procs: procs::Table::new(),
         base_env,
         identity: Mutex::new(Vec::new()),
         pool: Pool { state: Mutex::new((VecDeque::new(), 0)), cv: Condvar::new() },

@@ -14,7 +14,7 @@ use crate::sys::{self, Fd};
 use crate::Agent;
 
 pub const PROTOCOL: i64 = 2;
-const MARK: &str = "ROLLBOX_EXEC_MARK";
+pub(crate) const MARK: &str = "ROLLBOX_EXEC_MARK";
 /// Output kept per stream when a request does not say (bytes); the rest is read and dropped.
 const DEFAULT_MAX_OUTPUT: u64 = 4 * 1024 * 1024;
 const DEFAULT_MAX_READ: u64 = 64 * 1024 * 1024;
@@ -32,12 +32,12 @@ impl OpError {
         OpError { kind, message: message.into() }
     }
 
-    fn invalid(message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
         Self::new("invalid_argument", message)
     }
 
     /// A malformed request (Python's KeyError/TypeError): a generic agent error.
-    fn bad(message: impl Into<String>) -> Self {
+    pub(crate) fn bad(message: impl Into<String>) -> Self {
         Self::new("agent_error", message)
     }
 
@@ -62,7 +62,7 @@ impl OpError {
     }
 }
 
-type OpResult = Result<ObjBuilder, OpError>;
+pub(crate) type OpResult = Result<ObjBuilder, OpError>;
 
 fn os(b: &[u8]) -> &OsStr {
     OsStr::from_bytes(b)
@@ -72,15 +72,15 @@ fn cstr(b: &[u8]) -> Result<CString, OpError> {
     CString::new(b).map_err(|_| OpError::invalid("embedded null byte"))
 }
 
-fn now_unix() -> f64 {
+pub(crate) fn now_unix() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
-fn required<'a>(req: &'a Value, key: &str) -> Result<&'a Value, OpError> {
+pub(crate) fn required<'a>(req: &'a Value, key: &str) -> Result<&'a Value, OpError> {
     req.get(key).ok_or_else(|| OpError::bad(format!("KeyError: '{}'", key)))
 }
 
-fn str_list(req: &Value, key: &str) -> Result<Vec<Vec<u8>>, OpError> {
+pub(crate) fn str_list(req: &Value, key: &str) -> Result<Vec<Vec<u8>>, OpError> {
     match required(req, key)? {
         Value::Arr(items) if !items.is_empty() => items
             .iter()
@@ -121,19 +121,19 @@ fn path_arg(req: &Value) -> Result<Vec<u8>, OpError> {
     }
 }
 
-fn env_set(env: &mut Vec<(Vec<u8>, Vec<u8>)>, k: &[u8], v: &[u8]) {
+pub(crate) fn env_set(env: &mut Vec<(Vec<u8>, Vec<u8>)>, k: &[u8], v: &[u8]) {
     match env.iter_mut().find(|(ek, _)| ek == k) {
         Some(slot) => slot.1 = v.to_vec(),
         None => env.push((k.to_vec(), v.to_vec())),
     }
 }
 
-fn env_get<'a>(env: &'a [(Vec<u8>, Vec<u8>)], k: &[u8]) -> Option<&'a [u8]> {
+pub(crate) fn env_get<'a>(env: &'a [(Vec<u8>, Vec<u8>)], k: &[u8]) -> Option<&'a [u8]> {
     env.iter().find(|(ek, _)| ek == k).map(|(_, v)| v.as_slice())
 }
 
 /// The agent's environment, then the identity's, then the request's.
-fn command_env(a: &Agent, req: &Value) -> Result<Vec<(Vec<u8>, Vec<u8>)>, OpError> {
+pub(crate) fn command_env(a: &Agent, req: &Value) -> Result<Vec<(Vec<u8>, Vec<u8>)>, OpError> {
     let mut env = a.base_env.clone();
     for (k, v) in a.identity.lock().unwrap().iter() {
         env_set(&mut env, k, v);
@@ -184,15 +184,15 @@ fn resolve_program(name: &[u8], path_var: Option<&[u8]>, cwd: &[u8]) -> Option<V
 }
 
 /// What a new process runs and where: resolved before anything is started.
-struct Prepared {
-    path: CString,
-    argv: Vec<CString>,
-    env: Vec<CString>,
-    cwd: CString,
-    creds: Option<(u32, u32)>,
+pub(crate) struct Prepared {
+    pub(crate) path: CString,
+    pub(crate) argv: Vec<CString>,
+    pub(crate) env: Vec<CString>,
+    pub(crate) cwd: CString,
+    pub(crate) creds: Option<(u32, u32)>,
 }
 
-enum Refusal {
+pub(crate) enum Refusal {
     Exit(i64, String),
     Error(OpError),
 }
@@ -203,7 +203,7 @@ impl From<OpError> for Refusal {
     }
 }
 
-fn prepare(req: &Value, env: &[(Vec<u8>, Vec<u8>)]) -> Result<Prepared, Refusal> {
+pub(crate) fn prepare(req: &Value, env: &[(Vec<u8>, Vec<u8>)]) -> Result<Prepared, Refusal> {
     let argv = str_list(req, "argv")?;
     let cwd = match opt_bytes(req, "cwd")? {
         Some(c) => c.to_vec(),
@@ -239,7 +239,7 @@ fn prepare(req: &Value, env: &[(Vec<u8>, Vec<u8>)]) -> Result<Prepared, Refusal>
     Ok(Prepared { path: cstr(&path)?, argv: argv_c, env: env_c, cwd: cwd_c, creds })
 }
 
-fn launch_error(e: io::Error, argv0: &[u8]) -> (i64, String) {
+pub(crate) fn launch_error(e: io::Error, argv0: &[u8]) -> (i64, String) {
     let name = String::from_utf8_lossy(argv0);
     if e.raw_os_error() == Some(sys::ENOENT) {
         (127, format!("rollbox: command not found: {}\n", name))
@@ -261,7 +261,7 @@ fn spawn_failure(code: i64, message: &str, start: Instant) -> ObjBuilder {
         .with("duration_s", Value::Float(start.elapsed().as_secs_f64()))
 }
 
-fn hex(b: &[u8]) -> String {
+pub(crate) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{:02x}", x)).collect()
 }
 

@@ -13,11 +13,29 @@ use crate::sys::{self, Opaque, SigSet};
 pub struct Waiter {
     status: Mutex<Option<c_int>>,
     cv: Condvar,
+    /// An fd the reaper writes one byte to when the status arrives: a poll loop's wake-up.
+    wake: Mutex<Option<c_int>>,
 }
 
 impl Waiter {
     pub fn status(&self) -> Option<c_int> {
         *self.status.lock().unwrap()
+    }
+
+    /// Has the reaper write a byte to `fd` when the status arrives; false when it already has
+    /// (nothing will be written). `fd` must stay open until `clear_wake`.
+    pub fn set_wake(&self, fd: c_int) -> bool {
+        *self.wake.lock().unwrap() = Some(fd);
+        if self.status.lock().unwrap().is_some() {
+            self.clear_wake();
+            return false;
+        }
+        true
+    }
+
+    /// Stops writing to the fd `set_wake` gave (after this returns, it may be closed).
+    pub fn clear_wake(&self) {
+        *self.wake.lock().unwrap() = None;
     }
 
     /// Waits until the pid has been reaped, at most `limit` (None: no limit).
@@ -57,6 +75,9 @@ impl Reaper {
                 let w = self.state.lock().unwrap().waiters.remove(&pid);
                 if let Some(w) = w {
                     *w.status.lock().unwrap() = Some(status);
+                    if let Some(fd) = *w.wake.lock().unwrap() {
+                        unsafe { sys::write(fd, b"x".as_ptr() as *const _, 1) };
+                    }
                     w.cv.notify_all();
                 }
             } else if sys::errno() == sys::ECHILD {
@@ -78,7 +99,7 @@ impl Reaper {
         let mut st = self.state.lock().unwrap();
         let pid = start()?;
         let w = if wait {
-            let w = Arc::new(Waiter { status: Mutex::new(None), cv: Condvar::new() });
+            let w = Arc::new(Waiter { status: Mutex::new(None), cv: Condvar::new(), wake: Mutex::new(None) });
             st.waiters.insert(pid, w.clone());
             Some(w)
         } else {
@@ -130,8 +151,16 @@ pub fn launch(l: &Launch) -> io::Result<sys::pid_t> {
     let envp = ptrs(&l.env);
     match l.creds {
         None => spawn(l, &argv, &envp),
-        Some((uid, gid)) => fork_exec(l, &argv, &envp, uid, gid),
+        Some(creds) => fork_exec(l, &argv, &envp, Some(creds), false),
     }
+}
+
+/// Like `launch`, but fd 0 (a pty slave) becomes the new session's controlling terminal
+/// (TIOCSCTTY after setsid): posix_spawn cannot do that, so this always forks.
+pub fn launch_tty(l: &Launch) -> io::Result<sys::pid_t> {
+    let argv = ptrs(&l.argv);
+    let envp = ptrs(&l.env);
+    fork_exec(l, &argv, &envp, l.creds, true)
 }
 
 fn spawn(l: &Launch, argv: &[*const c_char], envp: &[*const c_char]) -> io::Result<sys::pid_t> {
@@ -170,7 +199,8 @@ fn spawn(l: &Launch, argv: &[*const c_char], envp: &[*const c_char]) -> io::Resu
     }
 }
 
-fn fork_exec(l: &Launch, argv: &[*const c_char], envp: &[*const c_char], uid: u32, gid: u32) -> io::Result<sys::pid_t> {
+fn fork_exec(l: &Launch, argv: &[*const c_char], envp: &[*const c_char], creds: Option<(u32, u32)>, ctty: bool)
+              -> io::Result<sys::pid_t> {
     let (rp, wp) = sys::pipe()?;
     let rp = sys::Fd(rp);
     let mut wp = sys::Fd(wp);
@@ -202,11 +232,16 @@ fn fork_exec(l: &Launch, argv: &[*const c_char], envp: &[*const c_char], uid: u3
             if fd0 < 0 || sys::dup2(fd0, 0) < 0 || sys::dup2(l.stdout, 1) < 0 || sys::dup2(l.stderr, 2) < 0 {
                 fail(wp.0);
             }
+            if ctty && sys::ioctl(0, sys::TIOCSCTTY, 0 as c_int) != 0 {
+                fail(wp.0);
+            }
             if sys::chdir(l.cwd.as_ptr()) != 0 {
                 fail(wp.0);
             }
-            if sys::setgroups(0, ptr::null()) != 0 || sys::setgid(gid) != 0 || sys::setuid(uid) != 0 {
-                fail(wp.0);
+            if let Some((uid, gid)) = creds {
+                if sys::setgroups(0, ptr::null()) != 0 || sys::setgid(gid) != 0 || sys::setuid(uid) != 0 {
+                    fail(wp.0);
+                }
             }
             sys::execve(l.path.as_ptr(), argv.as_ptr(), envp.as_ptr());
             fail(wp.0);
@@ -266,6 +301,21 @@ pub fn kill_tree(pid: sys::pid_t, needle: &[u8]) -> usize {
     first
 }
 
+/// Sends `sig` to the tree `kill_tree` would kill. SIGKILL is kill_tree itself; any other
+/// signal is sent once (the tree may handle it and live on). Returns how many processes
+/// were signalled.
+pub fn signal_tree(pid: sys::pid_t, needle: &[u8], sig: c_int) -> usize {
+    if sig == sys::SIGKILL {
+        return kill_tree(pid, needle);
+    }
+    let pids = marked_pids(needle);
+    unsafe { sys::kill(-pid, sig) };
+    for p in &pids {
+        unsafe { sys::kill(*p, sig) };
+    }
+    pids.len()
+}
+
 /// An exec whose tree holds this many processes when its timeout kills it ran into
 /// RLIMIT_NPROC (a fork bomb): half the soft limit, as agent.py reports it (the limit counts
 /// the agent's own threads too, so a bomb never has all of it).
@@ -303,7 +353,7 @@ pub fn resolve_user(user: &[u8]) -> Result<Option<(u32, u32)>, String> {
         let gid = entry(&|f| f[2] == name || f[2].parse::<u32>().ok() == Some(uid)).map(|e| e.1).unwrap_or(uid);
         (uid, gid)
     } else {
-        entry(&|f| f[0] == name).ok_or_else(|| format!("user '{}' is not in the image's /etc/passwd", name))?
+        entry(&|f| f[0] == name).ok_or_else(|| format!("unable to find user {}: no matching entries in passwd file", name))?
     };
     if !group.is_empty() {
         if is_num(&group) {

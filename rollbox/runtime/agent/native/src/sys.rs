@@ -52,6 +52,11 @@ extern "C" {
     pub fn sigfillset(set: *mut SigSet) -> c_int;
     pub fn getrandom(buf: *mut c_void, len: usize, flags: c_uint) -> isize;
     pub fn __errno_location() -> *mut c_int;
+    pub fn ioctl(fd: c_int, req: c_ulong, ...) -> c_int;
+    pub fn posix_openpt(flags: c_int) -> c_int;
+    pub fn grantpt(fd: c_int) -> c_int;
+    pub fn unlockpt(fd: c_int) -> c_int;
+    pub fn ptsname_r(fd: c_int, buf: *mut c_char, len: usize) -> c_int;
 
     pub fn posix_spawn(pid: *mut pid_t, path: *const c_char, fa: *const Opaque, attr: *const Opaque,
                        argv: *const *const c_char, envp: *const *const c_char) -> c_int;
@@ -69,6 +74,10 @@ extern "C" {
 }
 
 pub const O_RDONLY: c_int = 0;
+pub const O_RDWR: c_int = 2;
+pub const O_NOCTTY: c_int = 0o400;
+pub const TIOCSCTTY: c_ulong = 0x540E;
+pub const TIOCSWINSZ: c_ulong = 0x5414;
 pub const O_NONBLOCK: c_int = 0o4000;
 pub const O_CLOEXEC: c_int = 0o2000000;
 pub const F_GETFL: c_int = 3;
@@ -117,6 +126,46 @@ pub fn pipe() -> io::Result<(c_int, c_int)> {
         return Err(last_err());
     }
     Ok((fds[0], fds[1]))
+}
+
+/// struct winsize, for TIOCSWINSZ.
+#[repr(C)]
+pub struct WinSize {
+    pub rows: u16,
+    pub cols: u16,
+    pub xpixel: u16,
+    pub ypixel: u16,
+}
+
+/// Sets a terminal's size (rows, cols); false when `fd` is not a terminal.
+pub fn set_winsize(fd: c_int, cols: u16, rows: u16) -> bool {
+    let ws = WinSize { rows, cols, xpixel: 0, ypixel: 0 };
+    unsafe { ioctl(fd, TIOCSWINSZ, &ws as *const WinSize) == 0 }
+}
+
+/// A new pseudo-terminal, both ends close-on-exec and not our controlling terminal:
+/// (master, slave).
+pub fn openpty() -> io::Result<(Fd, Fd)> {
+    unsafe {
+        let m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+        if m < 0 {
+            return Err(last_err());
+        }
+        let master = Fd(m);
+        if grantpt(m) != 0 || unlockpt(m) != 0 {
+            return Err(last_err());
+        }
+        let mut name = [0 as c_char; 128];
+        let rc = ptsname_r(m, name.as_mut_ptr(), name.len());
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        let s = open(name.as_ptr(), O_RDWR | O_NOCTTY | O_CLOEXEC);
+        if s < 0 {
+            return Err(last_err());
+        }
+        Ok((master, Fd(s)))
+    }
 }
 
 /// An fd closed when dropped.
