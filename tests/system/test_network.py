@@ -440,3 +440,14 @@ def test_daemon_restart_keeps_urls_and_policy_and_crash_cleans_slots(outside, pa
     stop_daemon(paths)
     assert prefixed(layout) == ([], [])
     assert subprocess.run(["nft", "list", "table", "inet", layout.table], capture_output=True).returncode != 0
+
+
+def test_blocked_lookup_fails_at_once_in_a_networked_sandbox(make_sandbox) -> None:
+    # gVisor's netstack does not pass the firewall's ICMP reject to a UDP socket: a lookup
+    # sent to the host's nameserver waited 10 s for the resolver's timeouts (new-user trial).
+    sb = make_sandbox(memory=256, ports=[8000])
+    code = "import socket\ntry:\n socket.getaddrinfo('pypi.org', 443)\nexcept OSError as e: print(type(e).__name__)"
+    r = sb.exec("python3", "-c", code, timeout=30)
+    assert r.stdout.strip() == b"gaierror" and r.duration_s < 3.0, r
+    sb.update_network_permissions(block_network=False)
+    assert b"127.0.0.1" not in sb.exec("cat", "/etc/resolv.conf").stdout  # the host's nameservers again
