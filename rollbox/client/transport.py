@@ -68,6 +68,23 @@ def stop_daemon(paths: Paths, timeout_s: float = 10.0) -> bool:
     return True
 
 
+def validation_message(body: Any) -> str:
+    """A FastAPI/pydantic 422 body as one readable line: `field: what is wrong (got VALUE)`
+    per problem, instead of the raw list of dicts."""
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    if not isinstance(detail, list):
+        return str(detail)
+    parts = []
+    for d in detail:
+        if not isinstance(d, dict):
+            parts.append(str(d))
+            continue
+        loc = ".".join(str(x) for x in d.get("loc", []) if x not in ("body", "query", "path"))
+        got = f" (got {d['input']!r})" if "input" in d and not isinstance(d["input"], (dict, list)) else ""
+        parts.append(f"{loc or 'request'}: {d.get('msg', 'invalid')}{got}")
+    return "; ".join(parts)
+
+
 class Client:
     """One connection pool to one daemon, shared by every thread: a call takes an idle
     connection (or opens one) for its one request and gives it back (`ExclusiveConnections`)."""
@@ -192,7 +209,7 @@ class Client:
         except ValueError:
             body = {"message": resp.text[:500]}
         if resp.status_code == 422:
-            raise errors.InvalidArgument(f"invalid request to {what}: {body.get('detail', body)}")
+            raise errors.InvalidArgument(f"invalid request to {what}: {validation_message(body)}")
         raise self._error(resp.status_code, body, what)
 
     def send_raw(self, method: str, path: str, content: bytes | Iterator[bytes],
@@ -256,7 +273,7 @@ class Client:
                     except ValueError:
                         body = {"message": resp.text[:500]}
                     if resp.status_code == 422:
-                        raise errors.InvalidArgument(f"invalid request to {path}: {body.get('detail', body)}")
+                        raise errors.InvalidArgument(f"invalid request to {path}: {validation_message(body)}")
                     raise self._error(resp.status_code, body, f"GET {path}")
                 for line in resp.iter_lines():
                     if line:
@@ -303,7 +320,7 @@ class Client:
             except ValueError:
                 body = {"message": resp.text[:500]}
             if resp.status_code == 422:
-                raise errors.InvalidArgument(f"invalid request to {path}: {body.get('detail', body)}")
+                raise errors.InvalidArgument(f"invalid request to {path}: {validation_message(body)}")
             raise self._error(resp.status_code, body, f"{method} {path}")
         try:
             return resp.json()

@@ -171,12 +171,20 @@ class PortForwarder:
                     w.close()
                 ex.conns.discard(task)
 
+        async def serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            # A connection cancelled by the port closing (its sandbox ended) ends here: left to
+            # asyncio's stream callback, the CancelledError was logged as an unhandled exception.
+            try:
+                await handle(reader, writer)
+            except asyncio.CancelledError:
+                writer.close()
+
         try:
-            server = await asyncio.start_server(handle, self.bind_host, host_port, reuse_address=True)
+            server = await asyncio.start_server(serve_one, self.bind_host, host_port, reuse_address=True)
         except OSError:
             if not host_port:
                 raise
-            server = await asyncio.start_server(handle, self.bind_host, 0, reuse_address=True)
+            server = await asyncio.start_server(serve_one, self.bind_host, 0, reuse_address=True)
         ex = _Exposed(server, server.sockets[0].getsockname()[1], (target_ip, port))
         holder.append(ex)
         ports[port] = ex

@@ -21,13 +21,17 @@ import base64
 import io
 import os
 import shlex
+import sys
 import tarfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgument
 from ._aio import synchronized
+
+BUILD_NOTICE_S = 3.0  # seconds a build may take before the SDK says it is building
 
 if TYPE_CHECKING:
     from ..client.transport import Client
@@ -212,7 +216,17 @@ class Image:
         from ..client.default import default_client
 
         c = client or default_client()
-        return dict(c.request("POST", "/images/build", json={"base": self.base_wire(), "steps": list(self.steps)}))
+        # A first build runs its steps (minutes for apt/pip); a cached one answers at once. Say
+        # so on stderr when it takes a while, instead of a silent wait.
+        notice = threading.Timer(BUILD_NOTICE_S, lambda: print(
+            f"rollbox: building image ({len(self.steps)} step(s) not cached yet; each runs once, then is "
+            "cached)...", file=sys.stderr, flush=True))
+        notice.daemon = True
+        notice.start()
+        try:
+            return dict(c.request("POST", "/images/build", json={"base": self.base_wire(), "steps": list(self.steps)}))
+        finally:
+            notice.cancel()
 
     def resolve(self, client: "Client") -> str:
         """The image id a sandbox boots: this id, or the built one."""

@@ -46,3 +46,14 @@ def test_download_file_leaves_no_partial_file_when_the_write_fails(tmp_path: Pat
     with pytest.raises(OSError, match="No space"):
         sb.fs.download_file("/work/f", target)
     assert sorted(p.name for p in out.parent.iterdir()) == ["file.bin"]  # no .rollbox-partial, no target
+
+
+def test_a_422_reads_as_one_line_per_field(tmp_path: Path) -> None:
+    from rollbox.errors import InvalidArgument
+    detail = [{"type": "float_parsing", "loc": ["body", "keep_warm_seconds"],
+               "msg": "Input should be a valid number, unable to parse string as a number", "input": "ten"}]
+    c = _client(tmp_path, lambda req: httpx.Response(422, json={"detail": detail}))
+    with pytest.raises(InvalidArgument) as e:
+        c.request("POST", "/sandboxes", json={})
+    assert str(e.value) == ("invalid request to /sandboxes: keep_warm_seconds: Input should be a valid number, "
+                            "unable to parse string as a number (got 'ten')")
