@@ -102,7 +102,13 @@ def check(step: dict[str, Any]) -> dict[str, Any]:
 
 def describe(step: dict[str, Any]) -> str:
     if step["kind"] == "config":
-        return _MARKER.sub(r"${\1}", ", ".join(f"{k}={step[k]}" for k in CONFIG_KEYS if k in step))
+        def show(v: Any) -> str:  # the markers inside a dict or list too, not their repr escapes
+            if isinstance(v, dict):
+                return "{" + ", ".join(f"{a}={show(b)}" for a, b in v.items()) + "}"
+            if isinstance(v, list):
+                return "[" + ", ".join(show(x) for x in v) + "]"
+            return _MARKER.sub(r"${\1}", str(v))
+        return ", ".join(f"{k}={show(step[k])}" for k in CONFIG_KEYS if k in step)
     if step["kind"] == "copy":
         return str(step["path"])
     return f"{' '.join(step['sources'])} -> {step['path']}"
