@@ -37,6 +37,8 @@ import threading
 import time
 from _operator import _compare_digest  # constant time; `hmac` would load OpenSSL (+6 MiB)
 
+import jail  # beside this file (runtime/agentdir.py installs both)
+
 PROTOCOL = 2  # 2: requests carry an HMAC too
 _HDR = struct.Struct(">I")
 MARK = "ROLLBOX_EXEC_MARK"
@@ -105,6 +107,9 @@ MAX_FRAME = 1024 * 1024 * 1024
 # well under the limit itself).
 _NPROC = resource.getrlimit(resource.RLIMIT_NPROC)[0]
 PIDS_REPORT_AT = max(4, _NPROC // 2) if _NPROC != resource.RLIM_INFINITY else 1 << 30
+# One exec's cgroup holds at most this many tasks: a fork bomb leaves the agent room for its
+# threads and the next exec (as proc.rs's exec_pids_max).
+EXEC_PIDS_MAX = max(4, _NPROC - max(8, _NPROC // 8)) if _NPROC != resource.RLIM_INFINITY else 0
 KEY_FILE = "/.rollbox-key"
 TMP_MARKER = "/tmp/.rollbox-tmp-on-disk"  # keeps gVisor's tmpfs off /tmp (runtime/rootfs.py); gone at start
 
@@ -196,24 +201,30 @@ def marked_pids(mark):
 
 
 def kill_tree(pid, mark):
-    """SIGKILL the exec's process group and every process carrying its mark, until none is
-    left. Returns how many processes the exec had when the kill began: counted before the
-    first signal (a killed process's environ is gone at once)."""
-    first = len(marked_pids(mark))
-    for _ in range(50):
+    """SIGKILL the exec's process group and every process of its tree, until none is left:
+    the members of its cgroup (jail.py) when it has one, else every process carrying its
+    mark. Returns how many processes the exec had when the kill began, counted before the
+    first signal (a killed process leaves its cgroup and loses its environ at once)."""
+    name = jail.for_mark(mark)
+    first = max(jail.task_count(name), len(jail.members(name))) if name else len(marked_pids(mark))
+    for _ in range(100):
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
-        pids = marked_pids(mark)
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
-        if not pids:
+        if name:
+            left = jail.kill_members(name)
+        else:
+            pids = marked_pids(mark)
+            for p in pids:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+            left = len(pids)
+        if not left:
             break
-        time.sleep(0.02)
+        time.sleep(0.01)
     return first
 
 
@@ -296,23 +307,40 @@ def op_exec(req):
     stdin_data = base64.b64decode(req["stdin"]) if req.get("stdin") is not None else None
 
     start = time.monotonic()
+    # The exec's own cgroups: its whole tree, whatever it does to its session or environment.
+    cg = jail.create(EXEC_PIDS_MAX, mark)
     try:
         with _children_lock:
-            # Popen uses vfork here (no preexec_fn): far cheaper under gVisor than fork().
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                cwd=cwd, env=env, start_new_session=True, restore_signals=True, **_user_kwargs(req.get("user")),
-            )
+            if cg:
+                jail.enter(cg)  # the child is born in it; this thread moves back below
+            try:
+                # Popen uses vfork here (no preexec_fn): far cheaper under gVisor than fork().
+                proc = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True, restore_signals=True,
+                    **_user_kwargs(req.get("user")),
+                )
+            finally:
+                if cg:
+                    jail.enter(None)
             pid = proc.pid
             waiter = [threading.Event(), None]
             _waiters[pid] = waiter
             _have_children.set()
     except FileNotFoundError as e:
+        if cg:
+            jail.release(cg, mark)
         if cwd is not None and e.filename == cwd:
             return _spawn_failure(126, "rollbox: no such working directory: %s\n" % cwd, start)
         return _spawn_failure(127, "rollbox: command not found: %s\n" % argv[0], start)
     except OSError as e:
+        if cg:
+            jail.release(cg, mark)
         return _spawn_failure(126, "rollbox: cannot run %r: %s\n" % (argv[0], e), start)
+    except BaseException:
+        if cg:
+            jail.release(cg, mark)
+        raise
     out_r = proc.stdout.fileno()
     err_r = proc.stderr.fileno()
 
@@ -383,6 +411,9 @@ def op_exec(req):
     proc.stderr.close()
     # Tell Popen the status is known so its own cleanup never waits on a pid we reaped.
     proc.returncode = exit_code_of(status) if status is not None else -9
+    oom_killed = bool(cg) and jail.was_oom_killed(cg) and not timed_out
+    if cg:
+        jail.release(cg, mark)
     return {
         "exit_code": None if timed_out or status is None else exit_code_of(status),
         "signal": os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None,
@@ -394,6 +425,8 @@ def op_exec(req):
         "timed_out": timed_out,
         # A fork bomb: the exec's tree had (nearly) every process the sandbox may have.
         "pids_limited": tree >= PIDS_REPORT_AT,
+        # The memory watcher (jail.watch) SIGKILLed this exec's tree: exit 137, as Linux's OOM killer.
+        "oom_killed": oom_killed,
         "duration_s": time.monotonic() - start,
     }
 
@@ -621,6 +654,13 @@ def main():
     # Before CAP_SYS_ADMIN leaves the bounding set: the launcher of the episode-container
     # zygote keeps it (containers need mount and clone namespaces); no command ever has it.
     zygote = ZygoteLink()
+    # Per-exec cgroups (jail.py) need CAP_SYS_ADMIN to mount, and no command may run yet.
+    jail.init()
+    try:
+        mem_limit = int(os.environ.pop("ROLLBOX_MEMORY_MIB", "0") or 0) << 20
+    except ValueError:
+        mem_limit = 0
+    threading.Thread(target=jail.watch, args=(mem_limit,), daemon=True).start()
     try:
         libc = ctypes.CDLL(None)
         libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE=0: no /proc/1/mem, no ptrace

@@ -8,6 +8,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::b64;
+use crate::jail;
 use crate::json::{ObjBuilder, Value};
 use crate::proc::{self, Launch, Stdin};
 use crate::sys::{self, Fd};
@@ -315,12 +316,20 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
         stderr: err_w.0,
         creds: p.creds,
     };
-    let started = a.reaper.start(true, || proc::launch(&launch));
+    // The exec's own cgroups: its whole tree, whatever it does to its session or environment.
+    let jail = jail::Jail::create(proc::exec_pids_max(), &needle);
+    let started = a.reaper.start(true, || match &jail {
+        Some(j) => j.spawn_inside(|| proc::launch(&launch)),
+        None => proc::launch(&launch),
+    });
     drop((out_w, err_w, in_r));
     let (pid, waiter) = match started {
         Ok((pid, Some(w))) => (pid, w),
         Ok((_, None)) => unreachable!(),
         Err(e) => {
+            if let Some(j) = jail {
+                j.release(&needle);
+            }
             let (code, msg) = launch_error(e, launch.argv[0].as_bytes());
             return Ok(spawn_failure(code, &msg, start));
         }
@@ -456,6 +465,10 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
         }
     }
     drop(pipes);
+    let oom_killed = jail.as_ref().map(|j| jail::was_oom_killed(&j.name)).unwrap_or(false);
+    if let Some(j) = jail {
+        j.release(&needle);
+    }
     let [out, err] = bufs;
     Ok(ObjBuilder::new()
         .with("exit_code", match status {
@@ -473,6 +486,8 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
         .with("truncated", Value::Bool(totals[0] > cap || totals[1] > cap))
         .with("timed_out", Value::Bool(timed_out))
         .with("pids_limited", Value::Bool(timed_out && tree >= proc::pids_report_at()))
+        // The memory watcher (memwatch.rs) SIGKILLed this exec's tree: exit 137, as Linux's OOM killer.
+        .with("oom_killed", Value::Bool(oom_killed && !timed_out))
         .with("duration_s", Value::Float(start.elapsed().as_secs_f64())))
 }
 
