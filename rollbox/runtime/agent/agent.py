@@ -660,7 +660,7 @@ def main():
         mem_limit = int(os.environ.pop("ROLLBOX_MEMORY_MIB", "0") or 0) << 20
     except ValueError:
         mem_limit = 0
-    threading.Thread(target=jail.watch, args=(mem_limit,), daemon=True).start()
+    threading.Thread(target=jail.watch, args=(mem_limit, EXEC_PIDS_MAX), daemon=True).start()
     try:
         libc = ctypes.CDLL(None)
         libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE=0: no /proc/1/mem, no ptrace

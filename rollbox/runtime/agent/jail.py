@@ -182,14 +182,45 @@ def was_oom_killed(name):
         return name in _oom
 
 
-def watch(limit_bytes):
-    """The OOM watcher's loop (a thread); returns at once without a limit or memory cgroups."""
-    if not limit_bytes or memory_usage() is None:
+BOMB_POLLS = 50  # looks a returned exec's leftovers may sit at their pids limit (memwatch.rs)
+
+
+def _reap_bombs(pids_max, full):
+    """Kills what a returned exec left running once it sat at its pids limit BOMB_POLLS looks
+    in a row: a fork bomb left in the background (`:(){ :|:& };:` returns at once)."""
+    with _lock:
+        names = list(_stale)
+    for n in list(full):
+        if n not in names:
+            del full[n]
+    for name in names:
+        if task_count(name) + 2 < pids_max:
+            full.pop(name, None)
+            continue
+        full[name] = full.get(name, 0) + 1
+        if full[name] >= BOMB_POLLS:
+            while kill_members(name):
+                time.sleep(0.005)
+            full.pop(name, None)
+
+
+def watch(limit_bytes, pids_max):
+    """The watcher's loop (a thread); returns at once without cgroups (limit_bytes 0: no
+    memory watch)."""
+    if "pids" not in _fds:
         return
+    full = {}  # type: ignore[var-annotated]
+    poll = POLL_S
     while True:
-        time.sleep(POLL_S)
-        total = memory_usage()
-        if total is None or total < limit_bytes:
+        time.sleep(poll)
+        if pids_max:
+            _reap_bombs(pids_max, full)
+        total = memory_usage() if limit_bytes else None
+        if total is None:
+            continue
+        # Below half the limit a burst cannot reach it before the next look: look less often.
+        poll = 0.02 if total < limit_bytes // 2 else POLL_S
+        if total < limit_bytes:
             continue
         with _lock:
             names = list(_by_mark.values()) + list(_stale)

@@ -78,6 +78,11 @@ pub fn init() -> bool {
     .is_some()
 }
 
+/// True when execs get cgroups (init found the hierarchies).
+pub fn active() -> bool {
+    hier().is_some()
+}
+
 fn hier() -> Option<&'static Hierarchies> {
     HIER.get().and_then(|h| h.as_ref())
 }
@@ -204,6 +209,11 @@ pub fn live() -> Vec<String> {
     let mut names: Vec<String> = by_mark().lock().unwrap().values().cloned().collect();
     names.extend(stale().lock().unwrap().iter().cloned());
     names
+}
+
+/// Cgroups of returned execs (what they left running), by name.
+pub fn returned() -> Vec<String> {
+    stale().lock().unwrap().clone()
 }
 
 pub fn mark_oom(name: &str) {
