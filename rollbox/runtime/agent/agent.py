@@ -109,7 +109,7 @@ _NPROC = resource.getrlimit(resource.RLIMIT_NPROC)[0]
 PIDS_REPORT_AT = max(4, _NPROC // 2) if _NPROC != resource.RLIM_INFINITY else 1 << 30
 # One exec's cgroup holds at most this many tasks: a fork bomb leaves the agent room for its
 # threads and the next exec (as proc.rs's exec_pids_max).
-EXEC_PIDS_MAX = max(4, _NPROC - max(8, _NPROC // 8)) if _NPROC != resource.RLIM_INFINITY else 0
+EXEC_PIDS_MAX = max(4, _NPROC - max(16, _NPROC // 4)) if _NPROC != resource.RLIM_INFINITY else 0
 KEY_FILE = "/.rollbox-key"
 TMP_MARKER = "/tmp/.rollbox-tmp-on-disk"  # keeps gVisor's tmpfs off /tmp (runtime/rootfs.py); gone at start
 
@@ -412,6 +412,9 @@ def op_exec(req):
     # Tell Popen the status is known so its own cleanup never waits on a pid we reaped.
     proc.returncode = exit_code_of(status) if status is not None else -9
     oom_killed = bool(cg) and jail.was_oom_killed(cg) and not timed_out
+    # A bomb churns (failed forks exit, retries fork again): the most tasks the watcher saw
+    # says more than the count at the kill.
+    pids_limited = timed_out and (tree >= PIDS_REPORT_AT or (bool(cg) and jail.peak(cg) * 4 >= EXEC_PIDS_MAX * 3))
     if cg:
         jail.release(cg, mark)
     return {
@@ -424,7 +427,7 @@ def op_exec(req):
         "truncated": totals[out_r] > cap or totals[err_r] > cap,
         "timed_out": timed_out,
         # A fork bomb: the exec's tree had (nearly) every process the sandbox may have.
-        "pids_limited": tree >= PIDS_REPORT_AT,
+        "pids_limited": pids_limited,
         # The memory watcher (jail.watch) SIGKILLed this exec's tree: exit 137, as Linux's OOM killer.
         "oom_killed": oom_killed,
         "duration_s": time.monotonic() - start,

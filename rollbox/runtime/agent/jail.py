@@ -25,6 +25,21 @@ _lock = threading.Lock()
 _by_mark: dict = {}  # exec mark -> cgroup name  # type: ignore[type-arg]
 _stale: list = []  # cgroups of returned execs that still had processes  # type: ignore[type-arg]
 _oom: set = set()  # cgroups the watcher killed  # type: ignore[type-arg]
+_peak: dict = {}  # running exec's cgroup -> most tasks the watcher saw (a bomb's sign)  # type: ignore[type-arg]
+
+
+def note_peaks():
+    with _lock:
+        names = list(_by_mark.values())
+    for n in names:
+        c = task_count(n)
+        with _lock:
+            _peak[n] = max(_peak.get(n, 0), c)
+
+
+def peak(name):
+    with _lock:
+        return _peak.get(name, 0)
 
 
 def _mount_detached(controller):
@@ -131,6 +146,7 @@ def release(name, mark):
     with _lock:
         _by_mark.pop(mark, None)
         _oom.discard(name)
+        _peak.pop(name, None)
     if not _remove(name):
         with _lock:
             _stale.append(name)
@@ -186,16 +202,17 @@ BOMB_POLLS = 50  # looks a returned exec's leftovers may sit at their pids limit
 
 
 def _reap_bombs(pids_max, full):
-    """Kills what a returned exec left running once it sat at its pids limit BOMB_POLLS looks
-    in a row: a fork bomb left in the background (`:(){ :|:& };:` returns at once)."""
+    """Kills what a returned exec left running once it held half its pids limit on BOMB_POLLS more
+    looks than not: a fork bomb left in the background (`:(){ :|:& };:` returns at once)."""
     with _lock:
         names = list(_stale)
     for n in list(full):
         if n not in names:
             del full[n]
     for name in names:
-        if task_count(name) + 2 < pids_max:
-            full.pop(name, None)
+        # A bomb churns: looks under the mark only decay the count (memwatch.rs).
+        if task_count(name) * 2 < pids_max:
+            full[name] = max(0, full.get(name, 0) - 1)
             continue
         full[name] = full.get(name, 0) + 1
         if full[name] >= BOMB_POLLS:
@@ -214,6 +231,7 @@ def watch(limit_bytes, pids_max):
     while True:
         time.sleep(poll)
         if pids_max:
+            note_peaks()
             _reap_bombs(pids_max, full)
         total = memory_usage() if limit_bytes else None
         if total is None:

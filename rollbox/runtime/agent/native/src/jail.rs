@@ -37,6 +37,28 @@ static BY_MARK: OnceLock<Mutex<HashMap<Vec<u8>, String>>> = OnceLock::new();
 static STALE: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
 /// Cgroups whose processes the memory watcher killed.
 static OOM: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+/// The most tasks the watcher saw in each running exec's cgroup (a fork bomb's sign).
+static PEAK: OnceLock<Mutex<HashMap<String, usize>>> = OnceLock::new();
+
+fn peaks() -> &'static Mutex<HashMap<String, usize>> {
+    PEAK.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Records the running execs' task counts (called by the watcher on each look).
+pub fn note_peaks() {
+    let names: Vec<String> = by_mark().lock().unwrap().values().cloned().collect();
+    for name in names {
+        let n = task_count(&name);
+        let mut p = peaks().lock().unwrap();
+        let slot = p.entry(name).or_insert(0);
+        *slot = (*slot).max(n);
+    }
+}
+
+/// The most tasks seen in cgroup `name` while its exec ran.
+pub fn peak(name: &str) -> usize {
+    peaks().lock().unwrap().get(name).copied().unwrap_or(0)
+}
 
 fn by_mark() -> &'static Mutex<HashMap<Vec<u8>, String>> {
     BY_MARK.get_or_init(|| Mutex::new(HashMap::new()))
@@ -146,6 +168,7 @@ impl Jail {
     pub fn release(self, mark: &[u8]) {
         by_mark().lock().unwrap().remove(mark);
         oom_set().lock().unwrap().remove(&self.name);
+        peaks().lock().unwrap().remove(&self.name);
         if !remove(&self.name) {
             stale().lock().unwrap().push(self.name);
         }

@@ -33,6 +33,7 @@ pub fn run(limit_bytes: u64) {
     loop {
         std::thread::sleep(poll);
         if pids_max > 0 {
+            jail::note_peaks();
             reap_bombs(pids_max, &mut full);
         }
         let Some(total) = jail::memory_usage("").filter(|_| limit_bytes < u64::MAX) else { continue };
@@ -53,17 +54,19 @@ pub fn run(limit_bytes: u64) {
     }
 }
 
-/// Kills what a returned exec left running once it has sat at its pids limit BOMB_POLLS
-/// looks in a row (a running exec's bomb is its timeout's to kill, and reported there).
+/// Kills what a returned exec left running once it has held half its pids limit on BOMB_POLLS
+/// more looks than not (a running exec's bomb is its timeout's to kill, and reported there).
 fn reap_bombs(pids_max: usize, full: &mut HashMap<String, u32>) {
     let names = jail::returned();
     full.retain(|n, _| names.contains(n));
     for name in names {
-        if jail::task_count(&name) + 2 < pids_max {
-            full.remove(&name);
+        // A bomb churns (failed forks exit, others retry): looks under the mark only decay the
+        // count, so a bomb that sits near its limit most of the time is still found.
+        let n = full.entry(name.clone()).or_insert(0);
+        if jail::task_count(&name) * 2 < pids_max {
+            *n = n.saturating_sub(1);
             continue;
         }
-        let n = full.entry(name.clone()).or_insert(0);
         *n += 1;
         if *n >= BOMB_POLLS {
             while jail::kill_members(&name) > 0 {

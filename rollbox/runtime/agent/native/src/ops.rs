@@ -466,6 +466,10 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
     }
     drop(pipes);
     let oom_killed = jail.as_ref().map(|j| jail::was_oom_killed(&j.name)).unwrap_or(false);
+    // A bomb churns (failed forks exit, retries fork again): the most tasks the watcher saw
+    // says more than the count at the kill.
+    let peak = jail.as_ref().map(|j| jail::peak(&j.name)).unwrap_or(0);
+    let pids_limited = timed_out && (tree >= proc::pids_report_at() || peak * 4 >= proc::exec_pids_max() * 3);
     if let Some(j) = jail {
         j.release(&needle);
     }
@@ -485,7 +489,7 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
         .with("stderr_bytes", Value::Int(totals[1] as i64))
         .with("truncated", Value::Bool(totals[0] > cap || totals[1] > cap))
         .with("timed_out", Value::Bool(timed_out))
-        .with("pids_limited", Value::Bool(timed_out && tree >= proc::pids_report_at()))
+        .with("pids_limited", Value::Bool(pids_limited))
         // The memory watcher (memwatch.rs) SIGKILLed this exec's tree: exit 137, as Linux's OOM killer.
         .with("oom_killed", Value::Bool(oom_killed && !timed_out))
         .with("duration_s", Value::Float(start.elapsed().as_secs_f64())))

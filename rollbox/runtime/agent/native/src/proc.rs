@@ -283,7 +283,7 @@ pub fn exec_pids_max() -> usize {
     if n == usize::MAX {
         return 0;
     }
-    n.saturating_sub((n / 8).max(8)).max(4)
+    n.saturating_sub((n / 4).max(16)).max(4)
 }
 
 fn nproc_limit() -> usize {
