@@ -714,6 +714,7 @@ class ZygoteLink:
                 os.closerange(4, 65536)
                 here = os.path.dirname(os.path.abspath(__file__))
                 py = sys.executable or "/usr/bin/python3"
+                os.environ.pop("ROLLBOX_MEMORY_MIB", None)  # the OOM watcher's, not a command's
                 os.execv(py, [py, "-u", os.path.join(here, "zygote.py")])
             finally:
                 os._exit(127)

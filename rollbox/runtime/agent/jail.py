@@ -237,7 +237,7 @@ def watch(limit_bytes, pids_max):
         if total is None:
             continue
         # Below half the limit a burst cannot reach it before the next look: look less often.
-        poll = 0.02 if total < limit_bytes // 2 else POLL_S
+        poll = 0.05 if total < limit_bytes // 2 else POLL_S
         if total < limit_bytes:
             continue
         with _lock:
@@ -245,7 +245,9 @@ def watch(limit_bytes, pids_max):
         sized = [(memory_usage(n) or 0, n) for n in names]
         if sized:
             used, name = max(sized)
-            if used > 0:
+            # Memory no exec holds (an episode container's, a file in /dev/shm) is not
+            # freed by killing a small exec: the host's limit is the last line then.
+            if used > 0 and used * 8 >= total:
                 with _lock:
                     _oom.add(name)
                 kill_members(name)

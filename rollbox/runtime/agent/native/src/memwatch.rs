@@ -13,7 +13,7 @@ use crate::{jail, proc};
 
 const POLL: Duration = Duration::from_millis(10);
 /// Below half the limit a burst cannot reach it before the next look: look less often.
-const POLL_IDLE: Duration = Duration::from_millis(20);
+const POLL_IDLE: Duration = Duration::from_millis(50);
 /// Polls a returned exec's leftovers may sit at their pids limit before they are killed: a
 /// fork bomb left in the background (`:(){ :|:& };:` returns at once) would hold every
 /// process the sandbox may have for good.
@@ -45,7 +45,9 @@ pub fn run(limit_bytes: u64) {
             .filter_map(|name| jail::memory_usage(&name).map(|used| (used, name)))
             .max();
         if let Some((used, name)) = biggest {
-            if used > 0 {
+            // Memory no exec holds (an episode container's, a file in /dev/shm) is not freed
+            // by killing a small exec: the host's limit is the last line then.
+            if used > 0 && used.saturating_mul(8) >= total {
                 jail::mark_oom(&name);
                 jail::kill_members(&name);
                 std::thread::sleep(SETTLE);
