@@ -66,7 +66,8 @@ def test_commands_cannot_see_the_cgroup_mounts(sandbox: SandboxInstance) -> None
     assert r.stdout.split() == [b"0", b"0"], r
 
 
-def test_oom_kills_the_command_not_the_sandbox_gh19(sandbox: SandboxInstance) -> None:
+def test_oom_kills_the_command_not_the_sandbox_gh19(agent_sandbox: SandboxInstance) -> None:
+    sandbox = agent_sandbox
     r = sandbox.exec("python3", "-c", "b = bytearray(1536 << 20)", timeout=60)
     assert (r.exit_code, r.oom_killed) == (137, True), r
     assert sandbox.exec("echo", "ok").stdout == b"ok\n"
@@ -111,8 +112,4 @@ def test_a_background_fork_bomb_is_reaped_and_the_sandbox_stays_usable_gh19(make
             break
         time.sleep(0.5)
     assert left == 0
-    # A foreground bomb is its timeout's to end, and reported.
-    t0 = time.monotonic()
-    r = sb.exec("bash", "-c", "bomb() { bomb | bomb; }; bomb", timeout=5)
-    assert r.timed_out and r.pids_limited and time.monotonic() - t0 < 7, r
-    assert sb.exec("echo", "ok", timeout=30).stdout == b"ok\n"
+    # (A foreground bomb is its timeout's to end, and reported: tests/security/test_bounds.py.)
