@@ -368,6 +368,7 @@ def op_exec(req):
     timed_out = False
     tree = 0
     exited_at = None
+    grown = 0  # the most tasks seen behind the pipes after the main process exited
     deadline = start + timeout if timeout else None
 
     def take(fd):
@@ -385,10 +386,17 @@ def op_exec(req):
         now = time.monotonic()
         if waiter[0].is_set() and exited_at is None:
             exited_at = now
-        # After the main process exits, background children may hold the pipes: stop soon.
+        # After the main process exits, background children may hold the pipes: stop soon,
+        # unless what holds them keeps growing or is bomb-sized: a fork bomb whose shell
+        # exited (`:(){ :|:& };:`), this exec's work, ended by its timeout (ops.rs).
         if exited_at is not None and now - exited_at > 0.05:
-            break
-        if deadline is not None and now >= deadline and not waiter[0].is_set():
+            n = jail.task_count(cg) if cg else 0
+            if deadline is not None and (n > max(grown, 4) or n * 2 >= EXEC_PIDS_MAX):
+                grown = max(grown, n)
+                exited_at = now
+            else:
+                break
+        if deadline is not None and now >= deadline and (not waiter[0].is_set() or grown):
             timed_out = True
             tree = kill_tree(pid, mark)
             break

@@ -350,6 +350,7 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
     };
     let deadline = timeout.filter(|t| *t > 0.0).map(|t| start + Duration::from_secs_f64(t.min(1e9)));
     let mut exited_at: Option<Instant> = None;
+    let mut grown = 0usize; // the most tasks seen behind the pipes after the main process exited
     let mut timed_out = false;
     let mut tree = 0usize;
     let mut chunk = vec![0u8; 65536];
@@ -387,12 +388,24 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
         }
         let open = pipes.iter().any(|p| p.is_some());
         if let Some(t) = exited_at {
-            if !open || now.duration_since(t) >= AFTER_EXIT {
+            if !open {
                 break;
+            }
+            if now.duration_since(t) >= AFTER_EXIT {
+                // What still holds the pipes is normally a background server: return. A tree
+                // that keeps growing, or is bomb-sized, is a fork bomb whose shell exited
+                // (`:(){ :|:& };:`): this exec's work, ended by its timeout.
+                let n = jail.as_ref().map(|j| jail::task_count(&j.name)).unwrap_or(0);
+                if deadline.is_some() && (n > grown.max(4) || n * 2 >= proc::exec_pids_max()) {
+                    grown = grown.max(n);
+                    exited_at = Some(now);
+                } else {
+                    break;
+                }
             }
         }
         if let Some(d) = deadline {
-            if now >= d && !done {
+            if now >= d && (!done || grown > 0) {
                 timed_out = true;
                 tree = proc::kill_tree(pid, &needle);
                 break;
