@@ -19,7 +19,8 @@ class ExecResult:
         stdout, stderr: raw bytes, byte for byte (invalid UTF-8 kept), at most `max_output`
             bytes each; `truncated` says whether more was produced and dropped.
         timed_out: the command ran past its timeout and its whole process tree was killed.
-        oom_killed: the sandbox ran out of memory while the command ran (the sandbox is gone).
+        oom_killed: the command was killed for taking the sandbox past its memory limit (exit
+            137; the sandbox goes on), or, rarely, the whole sandbox ran out of memory and ended.
         pids_limited: the command's process tree filled the sandbox's process limit (a fork
             bomb; `Sandbox(pids=...)`, 512 tasks by default) when its timeout killed it.
         signal: the signal number that ended the process, or None.

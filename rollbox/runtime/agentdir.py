@@ -22,8 +22,8 @@ from pathlib import Path
 
 # What the sandbox needs of the package's agent directory: the native binary (when built) and
 # agent.py (the fallback, also what `ROLLBOX_AGENT=python` runs).
-AGENT_FILES = ("rollbox-agent", "agent.py", "procs.py", "code_driver.py", "zygote.py", "container_init.py", "nsutil.py",
-               "warm_python.py")
+AGENT_FILES = ("rollbox-agent", "agent.py", "jail.py", "procs.py", "code_driver.py", "zygote.py", "container_init.py",
+               "nsutil.py", "warm_python.py")
 
 
 def _present(src: Path) -> list[Path]:

@@ -78,7 +78,10 @@ def runc_spec(spec: dict[str, Any]) -> dict[str, Any]:
     proc["rlimits"] = [
         {**r, "hard": min(r["hard"], hard), "soft": min(r["soft"], hard)} if r["type"] == "RLIMIT_NOFILE" else r
         for r in proc["rlimits"] if r["type"] != "RLIMIT_NPROC"]
-    proc["env"] = [e for e in proc["env"] if not e.startswith("ROLLBOX_PRIVILEGED=")]
+    # The host kernel OOM-kills a runc sandbox's biggest process itself: its memory limit is
+    # the user's, without the headroom gVisor's kernel and the agent's watcher need.
+    memory_mib = next((int(e.split("=", 1)[1]) for e in proc["env"] if e.startswith("ROLLBOX_MEMORY_MIB=")), None)
+    proc["env"] = [e for e in proc["env"] if not e.startswith(("ROLLBOX_PRIVILEGED=", "ROLLBOX_MEMORY_MIB="))]
     spec["mounts"] = [m for m in spec["mounts"] if m["destination"] != "/sys/fs/cgroup"] + [
         {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
          "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
@@ -90,6 +93,8 @@ def runc_spec(spec: dict[str, Any]) -> dict[str, Any]:
     linux["readonlyPaths"] = READONLY_PATHS
     linux.pop("devices", None)
     linux["resources"]["pids"] = {"limit": pids}
+    if memory_mib is not None:
+        linux["resources"]["memory"] = {"limit": memory_mib * 1024 * 1024}
     return spec
 
 

@@ -40,8 +40,11 @@ class Sandbox:
     Args:
         image: the root filesystem (default `Image.debian()`).
         cpu: CPU cores, a float (CFS quota), default 1.0.
-        memory: memory limit of the whole sandbox in MiB (gVisor's own ~100 MiB included);
-            exceeding it kills the sandbox and the running exec reports `oom_killed=True`.
+        memory: memory limit in MiB of the sandbox's processes: a command that takes the
+            sandbox past it is SIGKILLed (the biggest exec, as Linux's OOM killer picks) and
+            reports exit 137 and `oom_killed=True`; the sandbox and its other processes go on.
+            gVisor's own kernel gets headroom above it; the whole sandbox ends as `oom` only
+            if that is exceeded too (the last line of defence).
         keep_warm_seconds: seconds without any API call after which the daemon terminates the
             sandbox (the backstop for leaked sandboxes); None or <= 0 keeps it forever. There
             is no cap on a sandbox's lifetime while it is used.

@@ -19,6 +19,8 @@ from .validation import check_env, container_id
 
 # Output kept per stream of one exec, in bytes; the rest is counted and dropped (`truncated`).
 DEFAULT_MAX_OUTPUT = 8 * 1024 * 1024
+SANDBOX_OOM_MESSAGE = ("rollbox: the whole sandbox ran out of memory (gVisor's own kernel included) and ended; "
+                      "give it more memory (Sandbox(memory=...))\n")
 ARG_MAX = 2 * 1024 * 1024  # bytes of argv + env per exec: Linux's default ARG_MAX (more fails as E2BIG)
 AGENT_ERRORS: dict[str, type[errors.RollboxError]] = {
     "not_found": errors.FileNotFoundInSandbox,
@@ -117,10 +119,13 @@ class ExecFiles:
                 user=lv.user if user is None else check_user(user),
                 stdin=stdin, timeout=timeout, max_output=DEFAULT_MAX_OUTPUT if max_output is None else max_output)
         except errors.RollboxError as e:
-            # Running out of memory ends the whole sandbox: report it on the exec that did it.
+            # The last line of defence: the host's limit (the agent's watcher kills the biggest
+            # exec first) ended the whole sandbox. Reported on the exec that was running, and
+            # every later call raises SandboxTerminated (oom).
             if lv.exit_reason == "oom" or cgroups.oom_killed(container_id(sandbox_id), cg):
-                return {"exit_code": 137, "oom_killed": True, "stdout": "", "stderr": "", "timed_out": False,
-                        "truncated": False, "duration_s": time.monotonic() - started}
+                why = base64.b64encode(SANDBOX_OOM_MESSAGE.encode()).decode()
+                return {"exit_code": 137, "oom_killed": True, "sandbox_oom": True, "stdout": "", "stderr": why,
+                        "timed_out": False, "truncated": False, "duration_s": time.monotonic() - started}
             if isinstance(e, AgentError):
                 cls = AGENT_ERRORS.get(e.kind, errors.AgentFailed)
                 detail = user_message(e.message) if e.kind in AGENT_ERRORS else f"{e.kind}: {e.message}"
@@ -138,7 +143,9 @@ class ExecFiles:
                 and cgroups.oom_kill_count(cid, cg) > before[0]
             reply["pids_limited"] = bool(reply.get("pids_limited")) or cgroups.pids_max_count(cid, cg) > before[1]
         else:
-            reply["oom_killed"] = False
+            # gVisor: the agent's memory watcher SIGKILLed this command's tree (exit 137) and
+            # the sandbox goes on.
+            reply["oom_killed"] = bool(reply.get("oom_killed"))
         return reply
 
     async def agent(self, sandbox_id: str, op: str, container: str | None = None, **fields: Any) -> dict[str, Any]:

@@ -39,8 +39,9 @@ def test_memory_hog_is_oom_killed_not_its_neighbour(make_sandbox) -> None:  # ty
     hog = make_sandbox(memory=256)
     r = hog.exec("python3", "-c", "b = bytearray(1 << 30); print(len(b))", timeout=60)
     assert r.oom_killed and r.exit_code == 137 and not r.ok
-    info = hog.info()
-    assert info.state == "oom" or info.exit_reason == "oom"
+    # gh-19: the command dies, not its sandbox (the agent's OOM watcher kills the biggest exec).
+    assert hog.info().state == "running"
+    assert hog.exec("echo", "still").stdout == b"still\n"
     assert neighbour.exec("echo", "alive").stdout == b"alive\n"
 
 

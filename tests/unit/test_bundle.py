@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from rollbox.runtime.bundle import (AGENT_DIR, AGENT_MOUNT, CPU_PERIOD_US, BundleSpec, host_pids_max, oci_spec, tmpfs_mounts,
+from rollbox.runtime.bundle import (AGENT_DIR, AGENT_MOUNT, CPU_PERIOD_US, BundleSpec, host_memory_limit_mib, host_pids_max, oci_spec, tmpfs_mounts,
                                     write_bundle)
 from rollbox.runtime.runc import runc_spec
 
@@ -18,8 +18,16 @@ def spec(**kw):
 
 @pytest.mark.parametrize("mib", [64, 512, 1024, 3000])
 def test_memory_limit_bytes(mib):
+    """gh-19: the agent's OOM watcher kills the biggest exec at the user's limit (passed to it
+    as ROLLBOX_MEMORY_MIB); the host cgroup gets headroom above it for gVisor's own kernel.
+    runc's host kernel OOM-kills a process itself: its limit is the user's."""
     s = oci_spec(spec(memory_mib=mib))
-    assert s["linux"]["resources"]["memory"]["limit"] == mib * 2**20
+    assert s["linux"]["resources"]["memory"]["limit"] == host_memory_limit_mib(mib) * 2**20
+    assert host_memory_limit_mib(mib) >= mib + 256
+    assert f"ROLLBOX_MEMORY_MIB={mib}" in s["process"]["env"]
+    r = runc_spec(s)
+    assert r["linux"]["resources"]["memory"]["limit"] == mib * 2**20
+    assert not any(e.startswith("ROLLBOX_MEMORY_MIB=") for e in r["process"]["env"])
 
 
 @pytest.mark.parametrize("cpu,quota", [(1.0, 100_000), (1.5, 150_000), (0.25, 25_000), (4, 400_000)])

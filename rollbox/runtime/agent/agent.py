@@ -38,8 +38,10 @@ import time
 from _operator import _compare_digest  # constant time; `hmac` would load OpenSSL (+6 MiB)
 
 try:
+    import jail  # beside this file (runtime/agentdir.py installs them)
     import procs  # procs.py, next to this file (sys.path[0] is /.rollbox in the sandbox)
 except ImportError:  # imported as rollbox.runtime.agent.agent (unit tests)
+    from . import jail  # type: ignore[no-redef]
     from . import procs  # type: ignore[no-redef]
 
 PROTOCOL = 2  # 2: requests carry an HMAC too
@@ -110,6 +112,9 @@ MAX_FRAME = 1024 * 1024 * 1024
 # well under the limit itself).
 _NPROC = resource.getrlimit(resource.RLIMIT_NPROC)[0]
 PIDS_REPORT_AT = max(4, _NPROC // 2) if _NPROC != resource.RLIM_INFINITY else 1 << 30
+# One exec's cgroup holds at most this many tasks: a fork bomb leaves the agent room for its
+# threads and the next exec (as proc.rs's exec_pids_max).
+EXEC_PIDS_MAX = max(4, _NPROC - max(16, _NPROC // 4)) if _NPROC != resource.RLIM_INFINITY else 0
 KEY_FILE = "/.rollbox-key"
 TMP_MARKER = "/tmp/.rollbox-tmp-on-disk"  # keeps gVisor's tmpfs off /tmp (runtime/rootfs.py); gone at start
 
@@ -201,40 +206,45 @@ def marked_pids(mark):
 
 
 def kill_tree(pid, mark, sig=signal.SIGKILL):
-    """Signals the process group of `pid` and every process carrying `mark` (setsid'd,
-    daemonised descendants too): the one kill mechanism of execs and background processes.
-    SIGKILL repeats until none is left; another signal is sent once. Returns how many
-    processes the tree had when the kill began: counted before the first signal (a killed
-    process's environ is gone at once)."""
-    pids = marked_pids(mark)
-    first = len(pids)
+    """Signals the exec's (or background process's) process group and every process of its
+    tree: the members of its cgroup (jail.py) when it has one, else every process carrying its
+    mark: the one kill mechanism of execs and background processes. SIGKILL repeats until none
+    is left; another signal is sent once. Returns how many processes the tree had when the
+    kill began, counted before the first signal (a killed process leaves its cgroup and loses
+    its environ at once)."""
+    name = jail.for_mark(mark)
+    first = max(jail.task_count(name), len(jail.members(name))) if name else len(marked_pids(mark))
     if sig != signal.SIGKILL:
         # Once to each: the group, then the tree's processes outside it (setsid'd ones).
         try:
             os.killpg(pid, sig)
         except OSError:
             pass
-        for p in pids:
+        for p in (jail.members(name) if name else marked_pids(mark)):
             try:
                 if os.getpgid(p) != pid:
                     os.kill(p, sig)
             except OSError:
                 pass
         return first
-    for _ in range(50):
+    for _ in range(100):
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
-        pids = marked_pids(mark)
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
-        if not pids:
+        if name:
+            left = jail.kill_members(name)
+        else:
+            pids = marked_pids(mark)
+            for p in pids:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+            left = len(pids)
+        if not left:
             break
-        time.sleep(0.02)
+        time.sleep(0.01)
     return first
 
 
@@ -316,15 +326,22 @@ def make_env(req):
     return env, mark
 
 
-def spawn(argv, env, cwd, user, stdin, stdout, stderr, preexec=None):
-    """Starts `argv` in its own session as `user` and registers it with the reaper; returns
-    (Popen, waiter) where waiter[0] is set once waiter[1] holds its wait status.
+def spawn(argv, env, cwd, user, stdin, stdout, stderr, preexec=None, cg=None):
+    """Starts `argv` in its own session as `user` (in cgroup `cg` of jail.py when given: its
+    whole tree stays there) and registers it with the reaper; returns (Popen, waiter) where
+    waiter[0] is set once waiter[1] holds its wait status.
     Raises OSError (FileNotFoundError for argv[0] or cwd), ValueError (unknown user)."""
     extra = _user_kwargs(user)
     with _children_lock:
-        # Popen uses vfork without preexec_fn: far cheaper under gVisor than fork().
-        proc = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env,
-                                start_new_session=True, restore_signals=True, preexec_fn=preexec, **extra)
+        if cg:
+            jail.enter(cg)  # the child is born in it; this thread moves back below
+        try:
+            # Popen uses vfork without preexec_fn: far cheaper under gVisor than fork().
+            proc = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env,
+                                    start_new_session=True, restore_signals=True, preexec_fn=preexec, **extra)
+        finally:
+            if cg:
+                jail.enter(None)
         waiter = [threading.Event(), None]
         _waiters[proc.pid] = waiter
         _have_children.set()
@@ -340,16 +357,26 @@ def op_exec(req):
     stdin_data = base64.b64decode(req["stdin"]) if req.get("stdin") is not None else None
 
     start = time.monotonic()
+    # The exec's own cgroups: its whole tree, whatever it does to its session or environment.
+    cg = jail.create(EXEC_PIDS_MAX, mark)
     try:
         proc, waiter = spawn(argv, env, cwd, req.get("user"), subprocess.DEVNULL if stdin_data is None else subprocess.PIPE,
-                             subprocess.PIPE, subprocess.PIPE)
+                             subprocess.PIPE, subprocess.PIPE, cg=cg)
         pid = proc.pid
     except FileNotFoundError as e:
+        if cg:
+            jail.release(cg, mark)
         if cwd is not None and e.filename == cwd:
             return _spawn_failure(126, "rollbox: no such working directory: %s\n" % cwd, start)
         return _spawn_failure(127, "rollbox: command not found: %s\n" % argv[0], start)
     except OSError as e:
+        if cg:
+            jail.release(cg, mark)
         return _spawn_failure(126, "rollbox: cannot run %r: %s\n" % (argv[0], e), start)
+    except BaseException:
+        if cg:
+            jail.release(cg, mark)
+        raise
     out_r = proc.stdout.fileno()
     err_r = proc.stderr.fileno()
 
@@ -374,6 +401,7 @@ def op_exec(req):
     timed_out = False
     tree = 0
     exited_at = None
+    grown = 0  # the most tasks seen behind the pipes after the main process exited
     deadline = start + timeout if timeout else None
 
     def take(fd):
@@ -391,10 +419,17 @@ def op_exec(req):
         now = time.monotonic()
         if waiter[0].is_set() and exited_at is None:
             exited_at = now
-        # After the main process exits, background children may hold the pipes: stop soon.
+        # After the main process exits, background children may hold the pipes: stop soon,
+        # unless what holds them keeps growing or is bomb-sized: a fork bomb whose shell
+        # exited (`:(){ :|:& };:`), this exec's work, ended by its timeout (ops.rs).
         if exited_at is not None and now - exited_at > 0.05:
-            break
-        if deadline is not None and now >= deadline and not waiter[0].is_set():
+            n = jail.task_count(cg) if cg else 0
+            if deadline is not None and (n > max(grown, 4) or n * 2 >= EXEC_PIDS_MAX):
+                grown = max(grown, n)
+                exited_at = now
+            else:
+                break
+        if deadline is not None and now >= deadline and (not waiter[0].is_set() or grown):
             timed_out = True
             tree = kill_tree(pid, mark)
             break
@@ -420,6 +455,12 @@ def op_exec(req):
     proc.stderr.close()
     # Tell Popen the status is known so its own cleanup never waits on a pid we reaped.
     proc.returncode = exit_code_of(status) if status is not None else -9
+    oom_killed = bool(cg) and jail.was_oom_killed(cg) and not timed_out
+    # A bomb churns (failed forks exit, retries fork again): the most tasks the watcher saw
+    # says more than the count at the kill.
+    pids_limited = timed_out and (tree >= PIDS_REPORT_AT or (bool(cg) and jail.peak(cg) * 4 >= EXEC_PIDS_MAX * 3))
+    if cg:
+        jail.release(cg, mark)
     return {
         "exit_code": None if timed_out or status is None else exit_code_of(status),
         "signal": os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None,
@@ -430,7 +471,9 @@ def op_exec(req):
         "truncated": totals[out_r] > cap or totals[err_r] > cap,
         "timed_out": timed_out,
         # A fork bomb: the exec's tree had (nearly) every process the sandbox may have.
-        "pids_limited": tree >= PIDS_REPORT_AT,
+        "pids_limited": pids_limited,
+        # The memory watcher (jail.watch) SIGKILLed this exec's tree: exit 137, as Linux's OOM killer.
+        "oom_killed": oom_killed,
         "duration_s": time.monotonic() - start,
     }
 
@@ -743,6 +786,15 @@ def main():
     # Before CAP_SYS_ADMIN leaves the bounding set: the launcher of the episode-container
     # zygote keeps it (containers need mount and clone namespaces); no command ever has it.
     zygote = ZygoteLink()
+    # Per-exec cgroups (jail.py) need CAP_SYS_ADMIN to mount, and no command may run yet.
+    # Only as a sandbox's PID 1: on a host (the unit tests) they would be the host's own.
+    if os.getpid() == 1:
+        jail.init()
+    try:
+        mem_limit = int(os.environ.pop("ROLLBOX_MEMORY_MIB", "0") or 0) << 20
+    except ValueError:
+        mem_limit = 0
+    threading.Thread(target=jail.watch, args=(mem_limit, EXEC_PIDS_MAX), daemon=True).start()
     try:
         libc = ctypes.CDLL(None)
         libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE=0: no /proc/1/mem, no ptrace
@@ -790,6 +842,7 @@ class ZygoteLink:
                 os.closerange(4, 65536)
                 here = os.path.dirname(os.path.abspath(__file__))
                 py = sys.executable or "/usr/bin/python3"
+                os.environ.pop("ROLLBOX_MEMORY_MIB", None)  # the OOM watcher's, not a command's
                 os.execv(py, [py, "-u", os.path.join(here, "zygote.py")])
             finally:
                 os._exit(127)

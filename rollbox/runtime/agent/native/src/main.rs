@@ -11,7 +11,9 @@
 //! simply carries on, and `identity` gives a restored copy its own env and host name.
 
 mod b64;
+mod jail;
 mod json;
+mod memwatch;
 mod ops;
 mod proc;
 mod procs;
@@ -263,6 +265,12 @@ fn main() {
     // of the episode-container zygote keeps the capability (containers need mounts and new
     // namespaces); no command ever gets it.
     let zygote = zygote::ZygoteLink::start(&key);
+    // Per-exec cgroups (jail.rs) need CAP_SYS_ADMIN to mount, and no command may run yet.
+    // Only as a sandbox's PID 1: run on a host (the unit tests) the mounts would be the
+    // host's own hierarchies, and its execs' cgroups would land in the host's root.
+    if unsafe { sys::getpid() } == 1 {
+        jail::init();
+    }
     unsafe {
         sys::prctl(sys::PR_SET_DUMPABLE, 0, 0, 0, 0); // no /proc/1/mem, no ptrace
         // The agent keeps CAP_SYS_ADMIN (to set a restored copy's host name) but drops it from
@@ -272,7 +280,7 @@ fn main() {
         }
     }
     let base_env = std::env::vars_os()
-        .filter(|(k, _)| k != "ROLLBOX_PRIVILEGED")
+        .filter(|(k, _)| k != "ROLLBOX_PRIVILEGED" && k != "ROLLBOX_MEMORY_MIB")
         .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
         .collect();
     let agent: &'static Agent = Box::leak(Box::new(Agent {
@@ -286,6 +294,8 @@ fn main() {
         zygote,
     }));
     drop(key);
+    let mem_limit = memwatch::limit_from_env(std::env::var_os("ROLLBOX_MEMORY_MIB").as_deref().map(|v| v.as_bytes()));
+    let _ = std::thread::Builder::new().stack_size(64 << 10).spawn(move || memwatch::run(mem_limit));
     std::thread::Builder::new().stack_size(64 << 10).spawn(move || agent.reaper.run()).expect("reaper thread");
     for _ in 0..4 {
         agent.pool.add_thread();

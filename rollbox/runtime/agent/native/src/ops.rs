@@ -8,6 +8,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::b64;
+use crate::jail;
 use crate::json::{ObjBuilder, Value};
 use crate::proc::{self, Launch, Stdin};
 use crate::sys::{self, Fd};
@@ -315,12 +316,20 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
         stderr: err_w.0,
         creds: p.creds,
     };
-    let started = a.reaper.start(true, || proc::launch(&launch));
+    // The exec's own cgroups: its whole tree, whatever it does to its session or environment.
+    let jail = jail::Jail::create(proc::exec_pids_max(), &needle);
+    let started = a.reaper.start(true, || match &jail {
+        Some(j) => j.spawn_inside(|| proc::launch(&launch)),
+        None => proc::launch(&launch),
+    });
     drop((out_w, err_w, in_r));
     let (pid, waiter) = match started {
         Ok((pid, Some(w))) => (pid, w),
         Ok((_, None)) => unreachable!(),
         Err(e) => {
+            if let Some(j) = jail {
+                j.release(&needle);
+            }
             let (code, msg) = launch_error(e, launch.argv[0].as_bytes());
             return Ok(spawn_failure(code, &msg, start));
         }
@@ -341,6 +350,7 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
     };
     let deadline = timeout.filter(|t| *t > 0.0).map(|t| start + Duration::from_secs_f64(t.min(1e9)));
     let mut exited_at: Option<Instant> = None;
+    let mut grown = 0usize; // the most tasks seen behind the pipes after the main process exited
     let mut timed_out = false;
     let mut tree = 0usize;
     let mut chunk = vec![0u8; 65536];
@@ -378,12 +388,24 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
         }
         let open = pipes.iter().any(|p| p.is_some());
         if let Some(t) = exited_at {
-            if !open || now.duration_since(t) >= AFTER_EXIT {
+            if !open {
                 break;
+            }
+            if now.duration_since(t) >= AFTER_EXIT {
+                // What still holds the pipes is normally a background server: return. A tree
+                // that keeps growing, or is bomb-sized, is a fork bomb whose shell exited
+                // (`:(){ :|:& };:`): this exec's work, ended by its timeout.
+                let n = jail.as_ref().map(|j| jail::task_count(&j.name)).unwrap_or(0);
+                if deadline.is_some() && (n > grown.max(4) || n * 2 >= proc::exec_pids_max()) {
+                    grown = grown.max(n);
+                    exited_at = Some(now);
+                } else {
+                    break;
+                }
             }
         }
         if let Some(d) = deadline {
-            if now >= d && !done {
+            if now >= d && (!done || grown > 0) {
                 timed_out = true;
                 tree = proc::kill_tree(pid, &needle);
                 break;
@@ -456,6 +478,14 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
         }
     }
     drop(pipes);
+    let oom_killed = jail.as_ref().map(|j| jail::was_oom_killed(&j.name)).unwrap_or(false);
+    // A bomb churns (failed forks exit, retries fork again): the most tasks the watcher saw
+    // says more than the count at the kill.
+    let peak = jail.as_ref().map(|j| jail::peak(&j.name)).unwrap_or(0);
+    let pids_limited = timed_out && (tree >= proc::pids_report_at() || peak * 4 >= proc::exec_pids_max() * 3);
+    if let Some(j) = jail {
+        j.release(&needle);
+    }
     let [out, err] = bufs;
     Ok(ObjBuilder::new()
         .with("exit_code", match status {
@@ -472,7 +502,9 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
         .with("stderr_bytes", Value::Int(totals[1] as i64))
         .with("truncated", Value::Bool(totals[0] > cap || totals[1] > cap))
         .with("timed_out", Value::Bool(timed_out))
-        .with("pids_limited", Value::Bool(timed_out && tree >= proc::pids_report_at()))
+        .with("pids_limited", Value::Bool(pids_limited))
+        // The memory watcher (memwatch.rs) SIGKILLed this exec's tree: exit 137, as Linux's OOM killer.
+        .with("oom_killed", Value::Bool(oom_killed && !timed_out))
         .with("duration_s", Value::Float(start.elapsed().as_secs_f64())))
 }
 

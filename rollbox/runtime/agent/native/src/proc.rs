@@ -281,22 +281,32 @@ pub fn marked_pids(needle: &[u8]) -> Vec<sys::pid_t> {
     found
 }
 
-/// SIGKILLs the exec's process group and every process carrying its mark, until none is left.
-/// Returns how many processes the exec had when the kill began: counted before the first
-/// signal, since a killed process's environ is gone at once (counted after the group's kill,
-/// a fork bomb at its limit showed anywhere between a few and all of its processes).
+/// SIGKILLs the exec's process group and every process of its tree, until none is left: the
+/// members of its cgroup (jail.rs) when it has one, else every process carrying its mark.
+/// Returns how many processes the exec had when the kill began, counted before the first
+/// signal (a killed process leaves its cgroup and loses its environ at once).
 pub fn kill_tree(pid: sys::pid_t, needle: &[u8]) -> usize {
-    let first = marked_pids(needle).len();
-    for _ in 0..50 {
+    let jail = crate::jail::for_mark(needle);
+    let first = match &jail {
+        Some(name) => crate::jail::task_count(name).max(crate::jail::members(name).len()),
+        None => marked_pids(needle).len(),
+    };
+    for _ in 0..100 {
         unsafe { sys::kill(-pid, sys::SIGKILL) };
-        let pids = marked_pids(needle);
-        for p in &pids {
-            unsafe { sys::kill(*p, sys::SIGKILL) };
-        }
-        if pids.is_empty() {
+        let left = match &jail {
+            Some(name) => crate::jail::kill_members(name),
+            None => {
+                let pids = marked_pids(needle);
+                for p in &pids {
+                    unsafe { sys::kill(*p, sys::SIGKILL) };
+                }
+                pids.len()
+            }
+        };
+        if left == 0 {
             break;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(10));
     }
     first
 }
@@ -308,7 +318,10 @@ pub fn signal_tree(pid: sys::pid_t, needle: &[u8], sig: c_int) -> usize {
     if sig == sys::SIGKILL {
         return kill_tree(pid, needle);
     }
-    let pids = marked_pids(needle);
+    let pids = match crate::jail::for_mark(needle) {
+        Some(name) => crate::jail::members(&name),
+        None => marked_pids(needle),
+    };
     unsafe { sys::kill(-pid, sig) };
     for p in &pids {
         unsafe { sys::kill(*p, sig) };
@@ -316,19 +329,36 @@ pub fn signal_tree(pid: sys::pid_t, needle: &[u8], sig: c_int) -> usize {
     pids.len()
 }
 
-/// An exec whose tree holds this many processes when its timeout kills it ran into
-/// RLIMIT_NPROC (a fork bomb): half the soft limit, as agent.py reports it (the limit counts
-/// the agent's own threads too, so a bomb never has all of it).
-pub fn pids_report_at() -> usize {
+/// The most tasks one exec's cgroup may hold: the sandbox's RLIMIT_NPROC less a reserve, so
+/// that a fork bomb leaves the agent room for its threads and the next exec.
+pub fn exec_pids_max() -> usize {
+    let n = nproc_limit();
+    if n == usize::MAX {
+        return 0;
+    }
+    n.saturating_sub((n / 4).max(16)).max(4)
+}
+
+fn nproc_limit() -> usize {
     let text = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("Max processes") {
             if let Some(Ok(n)) = rest.split_whitespace().next().map(|v| v.parse::<usize>()) {
-                return (n / 2).max(4);
+                return n;
             }
         }
     }
     usize::MAX
+}
+
+/// An exec whose tree holds this many processes when its timeout kills it ran into
+/// RLIMIT_NPROC (a fork bomb): half the soft limit, as agent.py reports it (the limit counts
+/// the agent's own threads too, so a bomb never has all of it).
+pub fn pids_report_at() -> usize {
+    match nproc_limit() {
+        usize::MAX => usize::MAX,
+        n => (n / 2).max(4),
+    }
 }
 
 /// Resolves an image's `User` ("name", "uid", "name:group", "uid:gid") in the sandbox's own

@@ -57,6 +57,9 @@ extern "C" {
     pub fn grantpt(fd: c_int) -> c_int;
     pub fn unlockpt(fd: c_int) -> c_int;
     pub fn ptsname_r(fd: c_int, buf: *mut c_char, len: usize) -> c_int;
+    pub fn mount(src: *const c_char, target: *const c_char, fstype: *const c_char, flags: c_ulong, data: *const c_void) -> c_int;
+    pub fn umount2(target: *const c_char, flags: c_int) -> c_int;
+    pub fn gettid() -> pid_t;
 
     pub fn posix_spawn(pid: *mut pid_t, path: *const c_char, fa: *const Opaque, attr: *const Opaque,
                        argv: *const *const c_char, envp: *const *const c_char) -> c_int;
@@ -101,6 +104,7 @@ pub const POSIX_SPAWN_SETSID: i16 = 0x80;
 pub const PR_SET_DUMPABLE: c_int = 4;
 pub const PR_CAPBSET_DROP: c_int = 24;
 pub const CAP_SYS_ADMIN: c_ulong = 21;
+pub const MNT_DETACH: c_int = 2;
 
 pub fn errno() -> c_int {
     unsafe { *__errno_location() }

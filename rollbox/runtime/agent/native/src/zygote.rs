@@ -45,7 +45,7 @@ impl ZygoteLink {
         let script = CString::new(here.as_os_str().as_bytes()).ok()?;
         let python = find_python();
         let env: Vec<CString> = std::env::vars_os()
-            .filter(|(k, _)| k != "ROLLBOX_PRIVILEGED")
+            .filter(|(k, _)| k != "ROLLBOX_PRIVILEGED" && k != "ROLLBOX_MEMORY_MIB")
             .filter_map(|(k, v)| {
                 let mut kv = k.as_bytes().to_vec();
                 kv.push(b'=');

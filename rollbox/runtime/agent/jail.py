@@ -1,0 +1,254 @@
+"""One cgroup per exec inside gVisor's kernel, and the sandbox's OOM watcher: agent.py's copy of
+native/src/jail.rs and memwatch.rs (read jail.rs for the measurements and the why).
+
+Each exec's processes live in their own pids and memory cgroups, which `setsid`, `env -i` and
+double forks cannot leave; the hierarchies are mounted at start, opened and detached, so no
+command finds them in its mount table. The watcher SIGKILLs the exec whose cgroup holds the
+most memory once the sandbox's processes reach the user's limit (ROLLBOX_MEMORY_MIB); the host
+cgroup's limit, above it, is the last line of defence. Standard library only.
+"""
+
+import ctypes
+import itertools
+import os
+import signal
+import threading
+import time
+
+POLL_S = 0.01
+SETTLE_S = 0.1
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_fds: dict = {}  # controller -> descriptor of its detached hierarchy  # type: ignore[type-arg]
+_next = itertools.count(1)
+_lock = threading.Lock()
+_by_mark: dict = {}  # exec mark -> cgroup name  # type: ignore[type-arg]
+_stale: list = []  # cgroups of returned execs that still had processes  # type: ignore[type-arg]
+_oom: set = set()  # cgroups the watcher killed  # type: ignore[type-arg]
+_peak: dict = {}  # running exec's cgroup -> most tasks the watcher saw (a bomb's sign)  # type: ignore[type-arg]
+
+
+def note_peaks():
+    with _lock:
+        names = list(_by_mark.values())
+    for n in names:
+        c = task_count(n)
+        with _lock:
+            _peak[n] = max(_peak.get(n, 0), c)
+
+
+def peak(name):
+    with _lock:
+        return _peak.get(name, 0)
+
+
+def _mount_detached(controller):
+    d = "/dev/.rollbox-cg-" + controller
+    try:
+        os.mkdir(d)
+    except OSError:
+        pass
+    fd = None
+    if _libc.mount(b"cgroup", d.encode(), b"cgroup", 0, controller.encode()) == 0:
+        try:
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            fd = None
+        _libc.umount2(d.encode(), 2)  # MNT_DETACH
+    try:
+        os.rmdir(d)
+    except OSError:
+        pass
+    return fd
+
+
+def init():
+    """Mounts the hierarchies (needs CAP_SYS_ADMIN; before any command runs). False: none (an
+    older gVisor), and execs fall back to the environment marker."""
+    pids = _mount_detached("pids")
+    if pids is None:
+        return False
+    _fds["pids"] = pids
+    mem = _mount_detached("memory")
+    if mem is not None:
+        _fds["memory"] = mem
+    return True
+
+
+def _path(controller, rel=""):
+    base = "/proc/self/fd/%d" % _fds[controller]
+    return base + "/" + rel if rel else base
+
+
+def _write(path, text):
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError:
+        pass
+
+
+def create(pids_max, mark):
+    """A new exec's cgroups (at most `pids_max` tasks; 0: no own limit); None without them."""
+    if "pids" not in _fds:
+        return None
+    sweep()
+    name = "x%d" % next(_next)
+    try:
+        os.mkdir(_path("pids", name))
+    except OSError:
+        return None
+    if "memory" in _fds:
+        try:
+            os.mkdir(_path("memory", name))
+        except OSError:
+            pass
+    if pids_max > 0:
+        _write(_path("pids", name + "/pids.max"), str(pids_max))
+    with _lock:
+        _by_mark[mark] = name
+    return name
+
+
+def enter(name):
+    """Moves the calling thread into cgroup `name` (None: back to the root): what it spawns
+    then is born there. Spawns are serialised by the agent's children lock."""
+    tid = str(threading.get_native_id())
+    for c in _fds:
+        _write(_path(c, (name + "/tasks") if name else "tasks"), tid)
+
+
+def _remove(name):
+    if "pids" not in _fds:
+        return True
+    try:
+        os.rmdir(_path("pids", name))
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    if "memory" in _fds:
+        try:
+            os.rmdir(_path("memory", name))
+        except OSError:
+            pass
+    return True
+
+
+def sweep():
+    """Removes the cgroups of returned execs whose last process has ended."""
+    with _lock:
+        _stale[:] = [n for n in _stale if not _remove(n)]
+
+
+def release(name, mark):
+    """The exec returned: its cgroups go now if empty, else once they are."""
+    with _lock:
+        _by_mark.pop(mark, None)
+        _oom.discard(name)
+        _peak.pop(name, None)
+    if not _remove(name):
+        with _lock:
+            _stale.append(name)
+
+
+def for_mark(mark):
+    with _lock:
+        return _by_mark.get(mark)
+
+
+def members(name):
+    try:
+        with open(_path("pids", name + "/cgroup.procs")) as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def task_count(name):
+    try:
+        with open(_path("pids", name + "/pids.current")) as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def kill_members(name):
+    pids = members(name)
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    return len(pids)
+
+
+def memory_usage(name=""):
+    if "memory" not in _fds:
+        return None
+    try:
+        with open(_path("memory", (name + "/" if name else "") + "memory.usage_in_bytes")) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def was_oom_killed(name):
+    with _lock:
+        return name in _oom
+
+
+BOMB_POLLS = 50  # looks a returned exec's leftovers may sit at their pids limit (memwatch.rs)
+
+
+def _reap_bombs(pids_max, full):
+    """Kills what a returned exec left running once it held half its pids limit on BOMB_POLLS more
+    looks than not: a fork bomb left in the background (`:(){ :|:& };:` returns at once)."""
+    with _lock:
+        names = list(_stale)
+    for n in list(full):
+        if n not in names:
+            del full[n]
+    for name in names:
+        # A bomb churns: looks under the mark only decay the count (memwatch.rs).
+        if task_count(name) * 2 < pids_max:
+            full[name] = max(0, full.get(name, 0) - 1)
+            continue
+        full[name] = full.get(name, 0) + 1
+        if full[name] >= BOMB_POLLS:
+            while kill_members(name):
+                time.sleep(0.005)
+            full.pop(name, None)
+
+
+def watch(limit_bytes, pids_max):
+    """The watcher's loop (a thread); returns at once without cgroups (limit_bytes 0: no
+    memory watch)."""
+    if "pids" not in _fds:
+        return
+    full = {}  # type: ignore[var-annotated]
+    poll = POLL_S
+    while True:
+        time.sleep(poll)
+        if pids_max:
+            note_peaks()
+            _reap_bombs(pids_max, full)
+        total = memory_usage() if limit_bytes else None
+        if total is None:
+            continue
+        # Below half the limit a burst cannot reach it before the next look: look less often.
+        poll = 0.05 if total < limit_bytes // 2 else POLL_S
+        if total < limit_bytes:
+            continue
+        with _lock:
+            names = list(_by_mark.values()) + list(_stale)
+        sized = [(memory_usage(n) or 0, n) for n in names]
+        if sized:
+            used, name = max(sized)
+            # Memory no exec holds (an episode container's, a file in /dev/shm) is not
+            # freed by killing a small exec: the host's limit is the last line then.
+            if used > 0 and used * 8 >= total:
+                with _lock:
+                    _oom.add(name)
+                kill_members(name)
+                time.sleep(SETTLE_S)

@@ -1,0 +1,249 @@
+//! One cgroup per exec inside gVisor's kernel: the set of processes an exec started, which
+//! none of them can leave by `setsid`, `env -i` or double forks (an environment marker could
+//! be cleared), a pids limit per exec (a fork bomb stops at it and the agent keeps room for
+//! its own threads), and each exec's memory use for the OOM watcher (`memwatch.rs`).
+//!
+//! Measured with runsc 20240729 (systrap): gVisor's cgroupfs mounts one v1 hierarchy per
+//! controller (pids, memory, ...) for a caller holding CAP_SYS_ADMIN; child cgroups work,
+//! pids.max is enforced ("Cannot fork"), memory.usage_in_bytes is per cgroup and hierarchical
+//! (memory.limit_in_bytes is accepted but not enforced). The hierarchies are mounted at start
+//! on a scratch directory, opened, and detached at once, so no command finds them in its
+//! mount table; the agent reaches them through its own descriptors (/proc/self/fd/N/...).
+//! A new process enters its exec's cgroups before its first instruction: the spawning thread
+//! moves itself in (`tasks`), spawns (the child inherits the thread's cgroups) and moves back.
+//! Known gap: gVisor lets a root process open /proc/1/fd/N of the non-dumpable agent, so a
+//! command that goes looking for the descriptor can still move itself out.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::CString;
+use std::fs::{self, File};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use crate::sys;
+
+struct Hierarchies {
+    pids: File,
+    memory: Option<File>,
+}
+
+static HIER: OnceLock<Option<Hierarchies>> = OnceLock::new();
+static NEXT: AtomicU64 = AtomicU64::new(1);
+/// Exec marks (`MARK=value`) to their cgroup's name: how `kill_tree(pid, needle)` finds it.
+static BY_MARK: OnceLock<Mutex<HashMap<Vec<u8>, String>>> = OnceLock::new();
+/// Cgroups whose exec returned while something of it still ran (`sh -c 'server &'`): removed
+/// once empty.
+static STALE: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
+/// Cgroups whose processes the memory watcher killed.
+static OOM: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+/// The most tasks the watcher saw in each running exec's cgroup (a fork bomb's sign).
+static PEAK: OnceLock<Mutex<HashMap<String, usize>>> = OnceLock::new();
+
+fn peaks() -> &'static Mutex<HashMap<String, usize>> {
+    PEAK.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Records the running execs' task counts (called by the watcher on each look).
+pub fn note_peaks() {
+    let names: Vec<String> = by_mark().lock().unwrap().values().cloned().collect();
+    for name in names {
+        let n = task_count(&name);
+        let mut p = peaks().lock().unwrap();
+        let slot = p.entry(name).or_insert(0);
+        *slot = (*slot).max(n);
+    }
+}
+
+/// The most tasks seen in cgroup `name` while its exec ran.
+pub fn peak(name: &str) -> usize {
+    peaks().lock().unwrap().get(name).copied().unwrap_or(0)
+}
+
+fn by_mark() -> &'static Mutex<HashMap<Vec<u8>, String>> {
+    BY_MARK.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn stale() -> &'static Mutex<Vec<String>> {
+    STALE.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+fn oom_set() -> &'static Mutex<HashSet<String>> {
+    OOM.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
+fn mount_detached(controller: &str) -> Option<File> {
+    let dir = format!("/dev/.rollbox-cg-{}", controller);
+    let _ = fs::create_dir(&dir);
+    let target = CString::new(dir.clone()).ok()?;
+    let opts = CString::new(controller).ok()?;
+    let rc = unsafe {
+        sys::mount(b"cgroup\0".as_ptr() as *const _, target.as_ptr(), b"cgroup\0".as_ptr() as *const _, 0,
+                   opts.as_ptr() as *const _)
+    };
+    let file = if rc == 0 { File::open(&dir).ok() } else { None };
+    if rc == 0 {
+        unsafe { sys::umount2(target.as_ptr(), sys::MNT_DETACH) };
+    }
+    let _ = fs::remove_dir(&dir);
+    file
+}
+
+/// Mounts the hierarchies; call once at start, while holding CAP_SYS_ADMIN and before any
+/// command runs. Without a pids hierarchy (an older gVisor, a mount refused) execs fall back
+/// to the environment marker.
+pub fn init() -> bool {
+    HIER.get_or_init(|| {
+        let pids = mount_detached("pids")?;
+        Some(Hierarchies { pids, memory: mount_detached("memory") })
+    })
+    .is_some()
+}
+
+/// True when execs get cgroups (init found the hierarchies).
+pub fn active() -> bool {
+    hier().is_some()
+}
+
+fn hier() -> Option<&'static Hierarchies> {
+    HIER.get().and_then(|h| h.as_ref())
+}
+
+fn path(f: &File, rel: &str) -> String {
+    if rel.is_empty() {
+        format!("/proc/self/fd/{}", f.as_raw_fd())
+    } else {
+        format!("/proc/self/fd/{}/{}", f.as_raw_fd(), rel)
+    }
+}
+
+fn dirs(h: &Hierarchies) -> impl Iterator<Item = &File> {
+    std::iter::once(&h.pids).chain(h.memory.iter())
+}
+
+fn read_pids(f: &File, rel: &str) -> Vec<sys::pid_t> {
+    fs::read_to_string(path(f, rel)).unwrap_or_default().split_whitespace().filter_map(|s| s.parse().ok()).collect()
+}
+
+/// One exec's (or background process's) cgroups, by name.
+pub struct Jail {
+    pub name: String,
+}
+
+impl Jail {
+    /// Makes the cgroups, with at most `pids_max` tasks (0: no own limit). None without
+    /// hierarchies or when the kernel refuses (the caller then relies on the marker).
+    pub fn create(pids_max: usize, mark: &[u8]) -> Option<Jail> {
+        let h = hier()?;
+        sweep();
+        let name = format!("x{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        fs::create_dir(path(&h.pids, &name)).ok()?;
+        if let Some(m) = &h.memory {
+            let _ = fs::create_dir(path(m, &name));
+        }
+        if pids_max > 0 {
+            let _ = fs::write(path(&h.pids, &format!("{}/pids.max", name)), pids_max.to_string());
+        }
+        by_mark().lock().unwrap().insert(mark.to_vec(), name.clone());
+        Some(Jail { name })
+    }
+
+    /// Runs `spawn` with the calling thread inside this cgroup, so what it starts is born
+    /// there; the thread moves back to the root after. Spawns are serialised by the reaper's
+    /// lock, so no other start shares the window.
+    pub fn spawn_inside<T>(&self, spawn: impl FnOnce() -> T) -> T {
+        let Some(h) = hier() else { return spawn() };
+        let tid = unsafe { sys::gettid() }.to_string();
+        for d in dirs(h) {
+            let _ = fs::write(path(d, &format!("{}/tasks", self.name)), &tid);
+        }
+        let out = spawn();
+        for d in dirs(h) {
+            let _ = fs::write(path(d, "tasks"), &tid);
+        }
+        out
+    }
+
+    /// Ends the exec's bookkeeping: the cgroups go now if empty, else once they are.
+    pub fn release(self, mark: &[u8]) {
+        by_mark().lock().unwrap().remove(mark);
+        oom_set().lock().unwrap().remove(&self.name);
+        peaks().lock().unwrap().remove(&self.name);
+        if !remove(&self.name) {
+            stale().lock().unwrap().push(self.name);
+        }
+    }
+}
+
+fn remove(name: &str) -> bool {
+    let Some(h) = hier() else { return true };
+    let gone = fs::remove_dir(path(&h.pids, name)).is_ok() || fs::metadata(path(&h.pids, name)).is_err();
+    if gone {
+        if let Some(m) = &h.memory {
+            let _ = fs::remove_dir(path(m, name));
+        }
+    }
+    gone
+}
+
+/// Removes the cgroups of returned execs whose last process has ended.
+fn sweep() {
+    let mut st = stale().lock().unwrap();
+    st.retain(|name| !remove(name));
+}
+
+/// The cgroup registered for an exec mark, if any.
+pub fn for_mark(mark: &[u8]) -> Option<String> {
+    by_mark().lock().unwrap().get(mark).cloned()
+}
+
+/// The pids in cgroup `name` (threads' process ids, once each).
+pub fn members(name: &str) -> Vec<sys::pid_t> {
+    match hier() {
+        Some(h) => read_pids(&h.pids, &format!("{}/cgroup.procs", name)),
+        None => Vec::new(),
+    }
+}
+
+/// Tasks counted in cgroup `name` (pids.current).
+pub fn task_count(name: &str) -> usize {
+    hier().and_then(|h| fs::read_to_string(path(&h.pids, &format!("{}/pids.current", name))).ok())
+        .and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+}
+
+/// SIGKILLs every member of cgroup `name`; the number signalled.
+pub fn kill_members(name: &str) -> usize {
+    let pids = members(name);
+    for p in &pids {
+        unsafe { sys::kill(*p, sys::SIGKILL) };
+    }
+    pids.len()
+}
+
+/// Bytes charged to cgroup `name` ("" for the whole sandbox); None without a memory hierarchy.
+pub fn memory_usage(name: &str) -> Option<u64> {
+    let m = hier()?.memory.as_ref()?;
+    let rel = if name.is_empty() { "memory.usage_in_bytes".to_string() } else { format!("{}/memory.usage_in_bytes", name) };
+    fs::read_to_string(path(m, &rel)).ok()?.trim().parse().ok()
+}
+
+/// The live cgroups (execs and background processes), by name.
+pub fn live() -> Vec<String> {
+    let mut names: Vec<String> = by_mark().lock().unwrap().values().cloned().collect();
+    names.extend(stale().lock().unwrap().iter().cloned());
+    names
+}
+
+/// Cgroups of returned execs (what they left running), by name.
+pub fn returned() -> Vec<String> {
+    stale().lock().unwrap().clone()
+}
+
+pub fn mark_oom(name: &str) {
+    oom_set().lock().unwrap().insert(name.to_string());
+}
+
+/// True when the memory watcher killed this cgroup's processes.
+pub fn was_oom_killed(name: &str) -> bool {
+    oom_set().lock().unwrap().contains(name)
+}

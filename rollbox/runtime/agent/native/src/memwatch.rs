@@ -1,0 +1,85 @@
+//! The sandbox's OOM killer (and the reaper of fork bombs left behind by returned execs): gVisor's memory limit is the host cgroup's, which covers gVisor's
+//! own kernel too, so the host kernel ending it ends the whole sandbox. This thread watches
+//! the sandbox's memory (the root memory cgroup inside gVisor, every process's pages) every
+//! POLL and, once it reaches the limit the user asked for, SIGKILLs the exec whose cgroup
+//! holds the most, as Linux's OOM killer would kill the biggest process. The daemon gives the
+//! host cgroup headroom above that limit (runtime/bundle.py), so the watcher acts first; the
+//! host limit stays the last line of defence.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::{jail, proc};
+
+const POLL: Duration = Duration::from_millis(10);
+/// Below half the limit a burst cannot reach it before the next look: look less often.
+const POLL_IDLE: Duration = Duration::from_millis(50);
+/// Polls a returned exec's leftovers may sit at their pids limit before they are killed: a
+/// fork bomb left in the background (`:(){ :|:& };:` returns at once) would hold every
+/// process the sandbox may have for good.
+const BOMB_POLLS: u32 = 50;
+/// After a kill, time for the killed processes' memory to be freed before looking again.
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// The watcher's loop; returns at once without cgroups (limit_bytes 0: no memory watch).
+pub fn run(limit_bytes: u64) {
+    if !jail::active() {
+        return; // no cgroups: nothing to watch
+    }
+    let limit_bytes = if limit_bytes == 0 { u64::MAX } else { limit_bytes };
+    let pids_max = proc::exec_pids_max();
+    let mut full: HashMap<String, u32> = HashMap::new();
+    let mut poll = POLL;
+    loop {
+        std::thread::sleep(poll);
+        if pids_max > 0 {
+            jail::note_peaks();
+            reap_bombs(pids_max, &mut full);
+        }
+        let Some(total) = jail::memory_usage("").filter(|_| limit_bytes < u64::MAX) else { continue };
+        poll = if total < limit_bytes / 2 { POLL_IDLE } else { POLL };
+        if total < limit_bytes {
+            continue;
+        }
+        let biggest = jail::live().into_iter()
+            .filter_map(|name| jail::memory_usage(&name).map(|used| (used, name)))
+            .max();
+        if let Some((used, name)) = biggest {
+            // Memory no exec holds (an episode container's, a file in /dev/shm) is not freed
+            // by killing a small exec: the host's limit is the last line then.
+            if used > 0 && used.saturating_mul(8) >= total {
+                jail::mark_oom(&name);
+                jail::kill_members(&name);
+                std::thread::sleep(SETTLE);
+            }
+        }
+    }
+}
+
+/// Kills what a returned exec left running once it has held half its pids limit on BOMB_POLLS
+/// more looks than not (a running exec's bomb is its timeout's to kill, and reported there).
+fn reap_bombs(pids_max: usize, full: &mut HashMap<String, u32>) {
+    let names = jail::returned();
+    full.retain(|n, _| names.contains(n));
+    for name in names {
+        // A bomb churns (failed forks exit, others retry): looks under the mark only decay the
+        // count, so a bomb that sits near its limit most of the time is still found.
+        let n = full.entry(name.clone()).or_insert(0);
+        if jail::task_count(&name) * 2 < pids_max {
+            *n = n.saturating_sub(1);
+            continue;
+        }
+        *n += 1;
+        if *n >= BOMB_POLLS {
+            while jail::kill_members(&name) > 0 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            full.remove(&name);
+        }
+    }
+}
+
+/// The limit the daemon passes in ROLLBOX_MEMORY_MIB, in bytes (0: none).
+pub fn limit_from_env(value: Option<&[u8]>) -> u64 {
+    value.and_then(|v| std::str::from_utf8(v).ok()).and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0) << 20
+}

@@ -1,0 +1,128 @@
+"""gh-19: an exec's processes live in their own cgroups inside gVisor (agent: jail.rs, jail.py).
+
+A timeout kills everything the exec started, a `setsid env -i` descendant included (an
+environment marker could be cleared); a command that takes the sandbox past its memory limit
+is SIGKILLed alone (exit 137, `oom_killed`), the sandbox goes on; a fork bomb left in the
+background is reaped and the sandbox stays usable.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from rollbox import Sandbox, SandboxInstance
+from rollbox.client.transport import Client, stop_daemon
+from rollbox.config import Paths
+from tests.system.conftest import side_home
+
+ESCAPE = "setsid env -i sh -c 'sleep 1000' & sleep 1000"
+
+
+@pytest.fixture(params=["native", "python"])
+def agent_sandbox(request: pytest.FixtureRequest, make_sandbox, paths: Paths,  # type: ignore[no-untyped-def]
+                  monkeypatch: pytest.MonkeyPatch) -> Iterator[SandboxInstance]:
+    """A sandbox on each agent: the default daemon's (native), or a side daemon's started with
+    ROLLBOX_AGENT=python (agent.py)."""
+    if request.param == "native":
+        yield make_sandbox(memory=512)
+        return
+    p = side_home(paths, "jailpy")
+    stop_daemon(p)
+    monkeypatch.setenv("ROLLBOX_AGENT", "python")
+    client = Client(paths=p)
+    client.request("GET", "/health")
+    monkeypatch.delenv("ROLLBOX_AGENT")
+    sb = Sandbox(memory=512, client=client).create()
+    try:
+        assert b"agent.py" in sb.exec("cat", "/proc/1/cmdline").stdout
+        yield sb
+    finally:
+        sb.terminate()
+        stop_daemon(p)
+
+
+def _sleepers(sb: SandboxInstance) -> int:
+    r = sb.exec("sh", "-c", "ps -eo args | grep -c '^sleep 1000'")
+    return int(r.stdout.strip() or 0)
+
+
+def test_timeout_kills_a_setsid_env_cleared_descendant_gh19(agent_sandbox: SandboxInstance) -> None:
+    sb = agent_sandbox
+    t0 = time.monotonic()
+    r = sb.exec("sh", "-c", ESCAPE, timeout=2)
+    assert r.timed_out and time.monotonic() - t0 < 4, r
+    assert _sleepers(sb) == 0
+    # A background server still outlives the exec that started it, and the exec returns when
+    # its shell does even if the server holds its output pipes.
+    assert sb.exec("sh", "-c", "sleep 1000 >/dev/null 2>&1 &").exit_code == 0
+    t0 = time.monotonic()
+    assert sb.exec("sh", "-c", "sleep 1000 &", timeout=30).exit_code == 0
+    assert time.monotonic() - t0 < 2
+    assert _sleepers(sb) == 2
+
+
+def test_commands_cannot_see_the_cgroup_mounts(sandbox: SandboxInstance) -> None:
+    r = sandbox.exec("sh", "-c", "grep -c cgroup /proc/mounts; ls -a /dev | grep -c rollbox-cg")
+    assert r.stdout.split() == [b"0", b"0"], r
+
+
+def test_oom_kills_the_command_not_the_sandbox_gh19(agent_sandbox: SandboxInstance) -> None:
+    sandbox = agent_sandbox
+    r = sandbox.exec("python3", "-c", "b = bytearray(1536 << 20)", timeout=60)
+    assert (r.exit_code, r.oom_killed) == (137, True), r
+    assert sandbox.exec("echo", "ok").stdout == b"ok\n"
+    # The memory asked for stays usable: 400 MiB touched page by page in a 512 MiB sandbox.
+    r = sandbox.exec("python3", "-c", "b = bytearray(400 << 20); b[::4096] = b'x' * len(b[::4096]); print('fine')",
+                     timeout=60)
+    assert (r.stdout, r.exit_code, r.oom_killed) == (b"fine\n", 0, False), r
+    assert sandbox.info().state == "running"
+
+
+def test_only_the_over_allocating_command_of_four_is_flagged_gh19(sandbox: SandboxInstance) -> None:
+    small = "import time; b = bytearray(60 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(3); print('kept')"
+    big = "import time; time.sleep(0.5); b = bytearray(1536 << 20)"
+    results: dict[int, object] = {}
+
+    def run(i: int, code: str) -> None:
+        results[i] = sandbox.exec("python3", "-c", code, timeout=60)
+
+    threads = [threading.Thread(target=run, args=(i, big if i == 3 else small)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(3):
+        r = results[i]
+        assert (r.stdout, r.exit_code, r.oom_killed) == (b"kept\n", 0, False), r  # type: ignore[attr-defined]
+    r = results[3]
+    assert (r.exit_code, r.oom_killed) == (137, True), r  # type: ignore[attr-defined]
+    assert sandbox.exec("echo", "ok").stdout == b"ok\n"
+
+
+def _bash_left(sb: SandboxInstance) -> int:
+    deadline = time.monotonic() + 10
+    while True:
+        left = int(sb.exec("sh", "-c", "ps -e | grep -c bash", timeout=30).stdout.strip() or 0)
+        if left == 0 or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def test_a_fork_bomb_whose_shell_exits_is_ended_and_the_sandbox_stays_usable_gh19(make_sandbox) -> None:  # type: ignore[no-untyped-def]
+    sb = make_sandbox(memory=512, pids=64)
+    # With a timeout, the bomb behind the exec's pipes is the exec's work: its timeout ends it.
+    t0 = time.monotonic()
+    r = sb.exec("bash", "-c", ":(){ :|:& };:", timeout=4)
+    assert r.timed_out and r.pids_limited and time.monotonic() - t0 < 6, r
+    assert sb.exec("echo", "ok", timeout=30).stdout == b"ok\n"
+    assert _bash_left(sb) == 0
+    # Without one the exec returns when its shell does; the agent kills the bomb it left.
+    r = sb.exec("bash", "-c", ":(){ :|:& };:")
+    assert not r.timed_out, r
+    assert _bash_left(sb) == 0
+    assert sb.exec("echo", "ok", timeout=30).stdout == b"ok\n"
+    # (A foreground bomb is its timeout's to end, and reported: tests/security/test_bounds.py.)
