@@ -121,6 +121,22 @@ def test_kill_reaches_a_process_that_daemonised_itself(sb: SandboxInstance) -> N
     assert _alive(sb, "4242") == 0
 
 
+def test_kill_reaches_a_descendant_that_cleared_its_environment(sb: SandboxInstance) -> None:
+    # setsid + env -i leaves both the process group and the environment marker: only the
+    # process's own cgroup (jail) still finds it.
+    p = sb.process.exec("sh", "-c", "setsid env -i sh -c 'exec sleep 4343' & sleep 100")
+    deadline = time.monotonic() + 10
+    while _alive(sb, "4343") < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    p.kill()
+    p.wait(timeout=10)
+    deadline = time.monotonic() + 5
+    while _alive(sb, "4343") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _alive(sb, "4343") == 0
+
+
 def test_50_concurrent_processes_keep_their_own_output_exit_codes_and_env(sb: SandboxInstance) -> None:
     script = 'for i in 1 2 3; do echo "$N-$i"; echo "e$N" >&2; done; exit $((N % 7))'
     procs = [sb.process.exec("sh", "-c", script, env={"N": str(n)}) for n in range(50)]

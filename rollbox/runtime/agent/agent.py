@@ -648,7 +648,26 @@ def op_ping(req):
     return {"pid": os.getpid(), "protocol": PROTOCOL, "time": time.time()}
 
 
-_procs = procs.ProcessTable(spawn, make_env, kill_tree, PIDS_REPORT_AT)
+def _spawn_jailed(argv, env, cwd, user, stdin, stdout, stderr, preexec=None):
+    """spawn() for a background process: in cgroups of its own, as an exec (kill and the
+    OOM watcher find its whole tree); they go when the process table forgets it."""
+    mark = env.get(MARK, "")
+    cg = jail.create(EXEC_PIDS_MAX, mark)
+    try:
+        return spawn(argv, env, cwd, user, stdin, stdout, stderr, preexec, cg=cg)
+    except BaseException:
+        if cg:
+            jail.release(cg, mark)
+        raise
+
+
+def _forget_jail(mark):
+    name = jail.for_mark(mark)
+    if name:
+        jail.release(name, mark)
+
+
+_procs = procs.ProcessTable(_spawn_jailed, make_env, kill_tree, PIDS_REPORT_AT, forget=_forget_jail)
 
 
 def op_proc_start(req):

@@ -157,10 +157,11 @@ class ProcessTable:
     pids_report_at: a tree this large when its timeout kills it filled the process limit.
     """
 
-    def __init__(self, spawn, make_env, kill_tree, pids_report_at):
+    def __init__(self, spawn, make_env, kill_tree, pids_report_at, forget=lambda mark: None):
         self._spawn = spawn
         self._make_env = make_env
         self._kill_tree = kill_tree
+        self._forget = forget  # forget(mark): the process left the table (its cgroups may go)
         self._pids_report_at = pids_report_at
         self._lock = threading.Lock()
         self._procs = {}
@@ -198,6 +199,7 @@ class ProcessTable:
             # No thread to be had (the sandbox's process limit, a fork bomb): a process
             # nobody drains would block on a full pipe, so it is not left running.
             self._kill_tree(p.pid, p.mark, signal.SIGKILL)
+            self._forget(p.mark)
             for f in (popen.stdin, popen.stdout, popen.stderr):
                 if f is not None:
                     f.close()
@@ -317,6 +319,7 @@ class ProcessTable:
         for i, p in enumerate(ended):
             if len(ended) - i > KEEP_ENDED or now - p.ended_at > FORGET_AFTER_S:
                 self._kill_tree(p.pid, p.mark, signal.SIGKILL)
+                self._forget(p.mark)
                 del self._procs[p.pid]
 
     def _append(self, p, stream, chunk):

@@ -66,6 +66,8 @@ pub(crate) struct Proc {
     pub(crate) input: Mutex<Option<Input>>,
     pub(crate) state: Mutex<State>,
     pub(crate) cv: Condvar,
+    /// Its own cgroups (jail.rs), as an exec's: kill and the OOM watcher find its whole tree.
+    pub(crate) jail: Mutex<Option<crate::jail::Jail>>,
 }
 
 /// The API-started processes, by pid.
@@ -94,8 +96,13 @@ impl Table {
             if i >= KEEP_ENDED || now - at > FORGET_AFTER_S {
                 if let Some(p) = procs.remove(&pid) {
                     // Reaped: its pid (so its group id) may be reused; only a live mark is ours.
-                    if !proc::marked_pids(&p.needle).is_empty() {
+                    let jailed = crate::jail::for_mark(&p.needle)
+                        .map(|n| !crate::jail::members(&n).is_empty()).unwrap_or(false);
+                    if jailed || !proc::marked_pids(&p.needle).is_empty() {
                         proc::kill_tree(p.pid, &p.needle);
+                    }
+                    if let Some(j) = p.jail.lock().unwrap().take() {
+                        j.release(&p.needle);
                     }
                 }
             }
@@ -190,12 +197,21 @@ pub fn op_start(a: &Agent, req: &Value) -> OpResult {
     let cwd = p.cwd.as_bytes().to_vec();
     let launch = Launch { path: p.path, argv: p.argv, env: p.env, cwd: p.cwd, stdin: Stdin::Fd(child_in.0),
                           stdout: out_fd, stderr: err_fd, creds: p.creds };
-    let started = a.reaper.start(true, || if pty { proc::launch_tty(&launch) } else { proc::launch(&launch) });
+    let needle = format!("{}={}", ops::MARK, mark).into_bytes();
+    let jail = crate::jail::Jail::create(proc::exec_pids_max(), &needle);
+    let run = || if pty { proc::launch_tty(&launch) } else { proc::launch(&launch) };
+    let started = a.reaper.start(true, || match &jail {
+        Some(j) => j.spawn_inside(run),
+        None => run(),
+    });
     drop((child_in, child_out, child_err));
     let (pid, waiter) = match started {
         Ok((pid, Some(w))) => (pid, w),
         Ok((_, None)) => unreachable!(),
         Err(e) => {
+            if let Some(j) = jail {
+                j.release(&needle);
+            }
             let (_, msg) = ops::launch_error(e, launch.argv[0].as_bytes());
             return Err(OpError::invalid(format!("cannot start ['{}']: {}", what, msg.trim_end().trim_start_matches("rollbox: "))));
         }
@@ -211,7 +227,7 @@ pub fn op_start(a: &Agent, req: &Value) -> OpResult {
     };
     let tail = retain::TAIL;
     let entry = Arc::new(Proc {
-        pid, argv, cwd, user, started_at, needle: format!("{}={}", ops::MARK, mark).into_bytes(), master,
+        pid, argv, cwd, user, started_at, needle, master, jail: Mutex::new(jail),
         input: Mutex::new(Some(input)),
         state: Mutex::new(State { out: Stream::new(head_cap, tail), err: Stream::new(head_cap, tail), status: None,
                                   ended_at: None, finished: false, timed_out: false, pids_limited: false }),
