@@ -7,6 +7,7 @@ program one `runc run` of `python3 -c PROGRAM` on a fresh overlay of the base im
 from __future__ import annotations
 
 import concurrent.futures as cf
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,7 @@ def make_checkpoint(raw: RawRunsc) -> Path:
     cid = raw.new_id()
     bundle = raw.prepare(cid)
     image = WORK / "humaneval-checkpoint"
+    shutil.rmtree(image, ignore_errors=True)  # an earlier run's (runsc refuses to overwrite it)
     try:
         raw.start_detached("run", cid, bundle)
         raw.run("exec", cid, "true")
