@@ -218,9 +218,27 @@ class Client:
         returns the decoded JSON answer or raises the daemon's typed error. Not resent after a
         lost connection (a stream cannot be replayed): that is DaemonUnavailable."""
         self.ensure_daemon()
+        started = False
+
+        def body() -> Iterator[bytes]:
+            nonlocal started
+            started = True
+            if isinstance(content, bytes):
+                yield content
+            else:
+                yield from content
         try:
-            resp = self._http.request(method, path, content=content, params=params,
-                                      headers={"content-type": "application/octet-stream"})
+            try:
+                resp = self._http.request(method, path, content=body(), params=params,
+                                          headers={"content-type": "application/octet-stream"})
+            except httpx.ConnectError:
+                if started:
+                    raise
+                # No byte went out (the daemon crashed or restarted): find or start the next one.
+                self._checked = False
+                self.ensure_daemon()
+                resp = self._http.request(method, path, content=body(), params=params,
+                                          headers={"content-type": "application/octet-stream"})
         except httpx.TransportError as e:
             raise errors.DaemonUnavailable(f"lost the rollbox daemon at {self.base_url} during {method} {path}: {e}; "
                                            f"see {self.paths.daemon_log}") from e
@@ -233,6 +251,13 @@ class Client:
         """GET whose raw answer body is read in chunks: yields (response, chunks). Raises the
         daemon's typed error before any chunk, DaemonUnavailable if the answer is cut short."""
         self.ensure_daemon()
+        try:
+            self._http.head("/health")  # reachable? (a crashed daemon: find or start the next one)
+        except httpx.ConnectError:
+            self._checked = False
+            self.ensure_daemon()
+        except httpx.TransportError:
+            pass
         try:
             with self._http.stream("GET", path, params=params) as resp:
                 self._raise_for(resp, f"GET {path}")
@@ -282,6 +307,9 @@ class Client:
                             raise errors.from_wire(obj["error"], 500)
                         yield obj
         except httpx.TransportError as e:
+            # The next call looks for (or starts) a daemon again instead of trusting this one:
+            # a follower asking again after a crash then reaches the restarted daemon.
+            self._checked = False
             raise errors.DaemonUnavailable(f"lost the rollbox daemon at {self.base_url} while streaming {path}: {e}; "
                                            f"see {self.paths.daemon_log}") from e
 

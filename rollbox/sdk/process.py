@@ -169,18 +169,24 @@ class ProcessStdin:
         self._proc = proc
 
     @synchronized
-    def write(self, data: bytes | str) -> int:
+    def write(self, data: bytes | str, timeout: float | None = 60.0) -> int:
         """Writes `data` (str is UTF-8 encoded) and returns its length once all of it is in
-        the pipe: like a pipe, this blocks while the process does not read.
-        Raises StdinClosed after close(), ProcessNotFound."""
+        the pipe: like a pipe, this blocks while the process does not read, for at most
+        `timeout` seconds (None: until it reads or ends).
+        Raises StdinClosed after close(), ProcessNotFound, TimeoutError when the process did
+        not take it all within `timeout` (the message says how many bytes it took)."""
         raw = data.encode() if isinstance(data, str) else bytes(data)
         view = memoryview(raw)
+        until = None if timeout is None else time.monotonic() + timeout
         while True:
             part = view[:STDIN_CHUNK]
             r = self._proc._call("POST", "stdin", {"data": base64.b64encode(part).decode(), "close": False})
             view = view[int(r["written"]):]
             if not view:
                 return len(raw)
+            if until is not None and time.monotonic() > until:
+                raise TimeoutError(f"process {self._proc.pid} took {len(raw) - len(view)} of {len(raw)} bytes on "
+                                   f"stdin in {timeout} s: it is not reading; write the rest later or kill() it")
 
     @synchronized
     def close(self) -> None:
@@ -232,6 +238,17 @@ class SandboxProcess:
                 if now - lost_at > RESUME_S:
                     raise
                 time.sleep(0.2)
+            except errors.InvalidState as e:
+                # Paused under the follower: wait (without asking for output, which would resume
+                # it) until someone resumes it, then go on from the offsets reached.
+                if "was paused" not in str(e):
+                    raise
+                self._wait_while_paused()
+
+    def _wait_while_paused(self) -> None:
+        """Returns once the sandbox is not paused (asking its state, which does not resume it)."""
+        while self._sb.info().state == "paused":
+            time.sleep(0.5)
 
     def _chunks(self, which: str | None = None) -> Iterator[tuple[str, bytes]]:
         """(stream, bytes) pairs of `which` (None: both) until the process ends."""

@@ -188,6 +188,19 @@ class Sandbox:
 CHUNK = 1 << 20  # bytes per chunk of a streamed upload/download (the daemon relays 4 MiB parts)
 
 
+def _check_whole(path: str, resp: Any, got: int) -> None:
+    """A streamed download is the file as it was when the read began, or an error.
+
+    Raises:
+        InvalidState: fewer bytes than the file had (it was truncated, removed or became
+            unreadable while it was read); read it again.
+    """
+    want = int(resp.headers.get("x-rollbox-size", got))
+    if got < want:
+        raise errors.InvalidState(f"{path} changed while it was read ({got} of {want} bytes came): it was truncated, "
+                                  "removed or became unreadable meanwhile; nothing was kept, read it again")
+
+
 def _utf8(path: str) -> bool:
     """Whether `path` can travel in a URL (streamed routes); surrogate-escaped (non-UTF-8)
     names (and anything that is no plausible path: the JSON routes answer those with typed
@@ -234,8 +247,10 @@ class SandboxFileSystem:
         """Returns the file's bytes (streamed: any size; episode containers and non-UTF-8
         names: up to 64 MiB). Raises FileNotFoundInSandbox."""
         if self._sb._streams_files and _utf8(path):
-            with self._sb._client.stream_raw(self._content(), params={"path": path}) as (_resp, chunks):
-                return b"".join(chunks)
+            with self._sb._client.stream_raw(self._content(), params={"path": path}) as (resp, chunks):
+                data = b"".join(chunks)
+            _check_whole(path, resp, len(data))
+            return data
         r = self._sb._call("POST", "files/read", {"path": path})
         return base64.b64decode(r["data"])
 
@@ -288,10 +303,11 @@ class SandboxFileSystem:
                     f.write(data)
                     size = len(data)
                 else:
-                    with self._sb._client.stream_raw(self._content(), params={"path": sandbox_path}) as (_r, chunks):
+                    with self._sb._client.stream_raw(self._content(), params={"path": sandbox_path}) as (resp, chunks):
                         for block in chunks:
                             f.write(block)
                             size += len(block)
+                    _check_whole(sandbox_path, resp, size)
             os.replace(tmp, local_path)
         except BaseException:
             with contextlib.suppress(OSError):

@@ -104,7 +104,7 @@ class AutoPause:
             if lv.auto_pause_seconds is None or sid in self.pausing:
                 continue
             busy_cpu = self._cpu_busy(lv, now)
-            if lv.busy or busy_cpu:
+            if lv.busy or lv.streams or busy_cpu:
                 lv.last_busy = now
                 continue
             idle_since = max(lv.last_active, lv.last_busy)
@@ -120,7 +120,8 @@ class AutoPause:
             lv = self.svc.live.get(sandbox_id)
             async with self.svc.registry.lock(sandbox_id):
                 # A call may have arrived since `due` looked: it counts as activity.
-                if lv is None or lv.busy or time.monotonic() - lv.last_active <= (lv.auto_pause_seconds or 0):
+                if lv is None or lv.busy or lv.streams or \
+                        time.monotonic() - lv.last_active <= (lv.auto_pause_seconds or 0):
                     return
             await self.svc.pause(sandbox_id)
             log.info("sandbox %s idle for %.0f s: auto-paused (the next call resumes it)", sandbox_id,

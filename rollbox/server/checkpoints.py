@@ -191,6 +191,7 @@ class Checkpoints:
                 raise errors.InvalidState(f"sandbox {sandbox_id} has {lv.busy} command(s) running; pause it when "
                                           "they return (background processes are fine)", sandbox_id=sandbox_id)
             # Detach the death watch first: the sandbox stops by design after the checkpoint.
+            lv.pausing = True
             self.reg.live.pop(sandbox_id, None)
             lv.channel.on_lost = None
             if lv.pid is not None:
@@ -198,6 +199,7 @@ class Checkpoints:
             try:
                 sid = await self.snapshot_memory(sandbox_id, kind="pause", leave_running=False, lv=lv)
             except BaseException:
+                lv.pausing = False
                 self.reg.live[sandbox_id] = lv
                 self.deathwatch.watch(lv, find_pid=False)
                 raise

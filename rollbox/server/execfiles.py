@@ -152,7 +152,14 @@ class ExecFiles:
         """One agent operation (in episode container `container` when given); the agent's error
         kinds become the matching typed errors."""
         lv = await self.running(sandbox_id)
-        lv.busy += 1  # in flight: neither idle for auto-pause nor pausable
+        # In flight: neither idle for auto-pause nor pausable. A client following a background
+        # process's output (proc_read long-polls) keeps it from auto-pause only: an explicit
+        # pause() goes ahead and the stream picks up again after the resume.
+        streaming = op == "proc_read"
+        if streaming:
+            lv.streams += 1
+        else:
+            lv.busy += 1
         try:
             wire_op, extra = container_op(op, container)
             return await self.deathwatch.request(lv, wire_op, 120.0, **extra, **fields)
@@ -161,7 +168,10 @@ class ExecFiles:
             detail = e.message if e.kind in AGENT_ERRORS else f"{e.kind}: {e.message}"
             raise cls(f"{op} in sandbox {sandbox_id}: {detail}", sandbox_id=sandbox_id) from None
         finally:
-            lv.busy -= 1
+            if streaming:
+                lv.streams -= 1
+            else:
+                lv.busy -= 1
             lv.last_active = time.monotonic()
 
     async def write_file(self, sandbox_id: str, path: str, data_b64: str, mode: int = 0o644,

@@ -79,7 +79,12 @@ def add_file_routes(app: FastAPI, service: "SandboxService") -> None:
             offset = len(data)
             yield data
             while data and offset < int(first.get("size") or 0):
-                r = await agent(sandbox_id, "read_file", path=path, offset=offset, length=CHUNK)
+                try:
+                    r = await agent(sandbox_id, "read_file", path=path, offset=offset, length=CHUNK)
+                except errors.RollboxError:
+                    # Removed or unreadable midway: the answer is already under way, so it ends
+                    # short of x-rollbox-size and the client raises (see sdk fs.read_file).
+                    return
                 data = base64.b64decode(r["data"])
                 offset += len(data)
                 if data:

@@ -53,6 +53,8 @@ class Live:
     auto_pause_seconds: float | None = None
     cpu_probe: tuple[float, float] | None = None
     last_busy: float = 0.0
+    streams: int = 0  # clients following a background process's output right now
+    pausing: bool = False  # a pause() is checkpointing it: a request cut off now was not an ending
     pids: int = DEFAULT_PIDS
     tmpfs: dict[str, int] = field(default_factory=dict)  # its bounded memory-backed mounts {path: MiB}
 

@@ -304,5 +304,10 @@ class DeathWatch:
                 self.reg.spawn(self.teardown.terminate(sid, reason="unresponsive"))
                 raise errors.SandboxLost(f"sandbox {sid} stopped answering `{op}` within {wait_s} s; it is "
                                          "being terminated", sandbox_id=sid) from lost
+            if lv.exit_reason is None and lv.pausing:
+                # Paused under the request (e.g. a client following a process's output): not
+                # an ending; the next call resumes it.
+                raise errors.InvalidState(f"sandbox {sid} was paused during `{op}`; the next call on it resumes "
+                                          "it", sandbox_id=sid) from None
             await self._await_ending(lv)
             raise ended_error(sid, lv.exit_reason) from None

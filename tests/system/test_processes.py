@@ -380,3 +380,22 @@ def test_the_routes_are_in_the_openapi_spec_and_output_streams_once_without_foll
                                       params={"follow": "false"}))
     assert events[0]["stream"] == "stdout" and events[-1]["exit"]["running"] is True  # what is there, then at once the end
     p.kill()
+
+
+def test_pause_goes_ahead_while_a_client_follows_output(client: Client) -> None:
+    # Break-it trial: a thread iterating p.stdout made pause() refuse ("1 command(s) running").
+    import threading
+
+    s = Sandbox(memory=256, client=client).create()
+    try:
+        p = s.process.exec("sh", "-c", "for i in 1 2 3 4 5 6; do echo $i; sleep 1; done")
+        got: list[bytes] = []
+        t = threading.Thread(target=lambda: got.extend(p.stdout), daemon=True)
+        t.start()
+        time.sleep(1.5)
+        s.pause()
+        s.resume()
+        t.join(timeout=60)
+        assert not t.is_alive() and b"".join(got) == b"1\n2\n3\n4\n5\n6\n"
+    finally:
+        s.terminate()

@@ -137,3 +137,23 @@ def test_an_exec_cut_off_by_a_daemon_restart_or_crash_is_typed_and_retryable_gh1
         t.join(60)
         sb.terminate()
     assert host_traces(paths, sb.sandbox_id) == []
+
+
+def test_streamed_files_and_output_followers_reach_the_restarted_daemon(paths) -> None:
+    # Break-it trial: after a crash, fs.read_file/write_file failed at once with "Connection
+    # refused" and a process follower waited 60 s, where exec started the next daemon.
+    sb = Sandbox(memory=256).create()
+    try:
+        sb.fs.write_file("/work/a", b"before")
+        p = sb.process.exec("sh", "-c", "sleep 2; echo late")
+        _kill_daemon(paths)
+        assert sb.fs.read_file("/work/a") == b"before"  # starts (or finds) the next daemon
+        _kill_daemon(paths)
+        sb.fs.write_file("/work/b", b"after")
+        _kill_daemon(paths)
+        t0 = time.monotonic()
+        assert b"".join(p.stdout) == b"late\n"
+        assert time.monotonic() - t0 < 20
+        assert sb.fs.read_file("/work/b") == b"after"
+    finally:
+        sb.terminate()

@@ -30,8 +30,10 @@ def test_a_2xx_that_is_not_json_is_an_api_error(tmp_path: Path) -> None:
 def test_download_file_leaves_no_partial_file_when_the_write_fails(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     def handler(req: httpx.Request) -> httpx.Response:  # the streamed route answers raw bytes
+        if req.url.path == "/health":
+            return httpx.Response(200, json={"ok": True})
         assert req.url.path.endswith("/files/content")
-        return httpx.Response(200, content=b"x" * 1000)
+        return httpx.Response(200, content=b"x" * 1000, headers={"x-rollbox-size": "1000"})
     c = _client(tmp_path, handler)
     sb = SandboxInstance("sb-" + "0" * 24, c)
     out = tmp_path / "dl" / "file.bin"
@@ -57,3 +59,19 @@ def test_a_422_reads_as_one_line_per_field(tmp_path: Path) -> None:
         c.request("POST", "/sandboxes", json={})
     assert str(e.value) == ("invalid request to /sandboxes: keep_warm_seconds: Input should be a valid number, "
                             "unable to parse string as a number (got 'ten')")
+
+
+def test_a_download_cut_short_of_its_size_is_an_error_and_leaves_nothing(tmp_path: Path) -> None:
+    # The file shrank or vanished while it was read: the daemon ends the answer early.
+    from rollbox.errors import InvalidState
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/health":
+            return httpx.Response(200, json={"ok": True})
+        return httpx.Response(200, content=b"x" * 100, headers={"x-rollbox-size": "5000"})
+    sb = SandboxInstance("sb-" + "0" * 24, _client(tmp_path, handler))
+    with pytest.raises(InvalidState, match="changed while it was read"):
+        sb.fs.download_file("/work/f", tmp_path / "out")
+    with pytest.raises(InvalidState):
+        sb.fs.read_file("/work/f")
+    assert not list(tmp_path.glob("out*"))
