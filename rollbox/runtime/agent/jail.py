@@ -198,7 +198,8 @@ def was_oom_killed(name):
         return name in _oom
 
 
-BOMB_POLLS = 50  # looks a returned exec's leftovers may sit at their pids limit (memwatch.rs)
+BOMB_FOR_S = 1.0  # seconds a returned exec's leftovers may hold half their pids limit (memwatch.rs)
+BOMB_CLEAR_LOOKS = 3  # looks in a row under the mark that clear a suspect
 
 
 def _reap_bombs(pids_max, full):
@@ -209,13 +210,20 @@ def _reap_bombs(pids_max, full):
     for n in list(full):
         if n not in names:
             del full[n]
+    now = time.monotonic()
     for name in names:
-        # A bomb churns: looks under the mark only decay the count (memwatch.rs).
+        # Wall time, not a count of looks: under the bomb this thread is starved (memwatch.rs).
         if task_count(name) * 2 < pids_max:
-            full[name] = max(0, full.get(name, 0) - 1)
+            if name in full:
+                since, misses = full[name]
+                if misses + 1 >= BOMB_CLEAR_LOOKS:
+                    del full[name]
+                else:
+                    full[name] = (since, misses + 1)
             continue
-        full[name] = full.get(name, 0) + 1
-        if full[name] >= BOMB_POLLS:
+        since = full.get(name, (now, 0))[0]
+        full[name] = (since, 0)
+        if now - since >= BOMB_FOR_S:
             while kill_members(name):
                 time.sleep(0.005)
             full.pop(name, None)

@@ -7,17 +7,20 @@
 //! host limit stays the last line of defence.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::{jail, proc};
 
 const POLL: Duration = Duration::from_millis(10);
 /// Below half the limit a burst cannot reach it before the next look: look less often.
 const POLL_IDLE: Duration = Duration::from_millis(50);
-/// Polls a returned exec's leftovers may sit at their pids limit before they are killed: a
-/// fork bomb left in the background (`:(){ :|:& };:` returns at once) would hold every
-/// process the sandbox may have for good.
-const BOMB_POLLS: u32 = 50;
+/// How long a returned exec's leftovers may hold half their pids limit before they are
+/// killed: a fork bomb left in the background (`:(){ :|:& };:` returns at once) would hold
+/// every process the sandbox may have for good. Wall time, not a count of looks: under the
+/// bomb this thread is starved, and 50 looks took over 90 s (break-it trial).
+const BOMB_FOR: Duration = Duration::from_millis(1000);
+/// Looks in a row under the mark that clear a suspect (a bomb churns: failed forks exit).
+const BOMB_CLEAR_LOOKS: u32 = 3;
 /// After a kill, time for the killed processes' memory to be freed before looking again.
 const SETTLE: Duration = Duration::from_millis(100);
 
@@ -28,7 +31,7 @@ pub fn run(limit_bytes: u64) {
     }
     let limit_bytes = if limit_bytes == 0 { u64::MAX } else { limit_bytes };
     let pids_max = proc::exec_pids_max();
-    let mut full: HashMap<String, u32> = HashMap::new();
+    let mut full: HashMap<String, (Instant, u32)> = HashMap::new();
     let mut poll = POLL;
     loop {
         std::thread::sleep(poll);
@@ -58,19 +61,23 @@ pub fn run(limit_bytes: u64) {
 
 /// Kills what a returned exec left running once it has held half its pids limit on BOMB_POLLS
 /// more looks than not (a running exec's bomb is its timeout's to kill, and reported there).
-fn reap_bombs(pids_max: usize, full: &mut HashMap<String, u32>) {
+fn reap_bombs(pids_max: usize, full: &mut HashMap<String, (Instant, u32)>) {
     let names = jail::returned();
     full.retain(|n, _| names.contains(n));
+    let now = Instant::now();
     for name in names {
-        // A bomb churns (failed forks exit, others retry): looks under the mark only decay the
-        // count, so a bomb that sits near its limit most of the time is still found.
-        let n = full.entry(name.clone()).or_insert(0);
         if jail::task_count(&name) * 2 < pids_max {
-            *n = n.saturating_sub(1);
+            if let Some(e) = full.get_mut(&name) {
+                e.1 += 1;
+                if e.1 >= BOMB_CLEAR_LOOKS {
+                    full.remove(&name);
+                }
+            }
             continue;
         }
-        *n += 1;
-        if *n >= BOMB_POLLS {
+        let e = full.entry(name.clone()).or_insert((now, 0));
+        e.1 = 0;
+        if now.duration_since(e.0) >= BOMB_FOR {
             while jail::kill_members(&name) > 0 {
                 std::thread::sleep(Duration::from_millis(5));
             }
