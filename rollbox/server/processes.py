@@ -144,11 +144,18 @@ class Processes:
                 wait = 0.0 if more else READ_WAIT_S if deadline is None else \
                     max(0.0, min(READ_WAIT_S, deadline - time.monotonic()))
                 poll = asyncio.ensure_future(self.read(sandbox_id, pid, offsets["stdout"], offsets["stderr"], wait=wait))
-                while not poll.done():
-                    await asyncio.wait({poll}, timeout=STOP_CHECK_S)
-                    if stopping() and not poll.done():
+                # A client gone (or a sandbox ending) mid-poll must not leave a failed poll
+                # unretrieved ("Task exception was never retrieved" in the log).
+                poll.add_done_callback(lambda f: f.cancelled() or f.exception())
+                try:
+                    while not poll.done():
+                        await asyncio.wait({poll}, timeout=STOP_CHECK_S)
+                        if stopping() and not poll.done():
+                            poll.cancel()
+                            return
+                finally:
+                    if not poll.done():
                         poll.cancel()
-                        return
                 r = poll.result()
 
         return lines()
