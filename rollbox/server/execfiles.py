@@ -29,6 +29,9 @@ AGENT_ERRORS: dict[str, type[errors.RollboxError]] = {
     "permission_denied": errors.InvalidArgument,
     "invalid_argument": errors.InvalidArgument,
     "container_not_found": errors.ContainerNotFound,
+    # The zygote could not start (no python3 >= 3.9, the pids limit): this sandbox has no
+    # episode containers; a client error, not a server fault.
+    "container_unavailable": errors.UnsupportedOperation,
     "container_error": errors.SandboxLost,
     "process_not_found": errors.ProcessNotFound,
     "stdin_closed": errors.StdinClosed,

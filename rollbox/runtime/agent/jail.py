@@ -245,7 +245,7 @@ def watch(limit_bytes, pids_max):
         if total is None:
             continue
         # Below half the limit a burst cannot reach it before the next look: look less often.
-        poll = 0.05 if total < limit_bytes // 2 else POLL_S
+        poll = 0.1 if total < limit_bytes // 2 else POLL_S  # memwatch.rs POLL_IDLE says why
         if total < limit_bytes:
             continue
         with _lock:

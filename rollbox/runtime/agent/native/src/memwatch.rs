@@ -13,7 +13,9 @@ use crate::{jail, proc};
 
 const POLL: Duration = Duration::from_millis(10);
 /// Below half the limit a burst cannot reach it before the next look: look less often.
-const POLL_IDLE: Duration = Duration::from_millis(50);
+/// (100 ms: an idle ptrace sandbox paid 0.11 CPU s per 5 s at 50 ms; from half the limit to the
+/// host's, memory/2 + max(256 MiB, memory/2), takes a burst longer than that.)
+const POLL_IDLE: Duration = Duration::from_millis(100);
 /// How long a returned exec's leftovers may hold half their pids limit before they are
 /// killed: a fork bomb left in the background (`:(){ :|:& };:` returns at once) would hold
 /// every process the sandbox may have for good. Wall time, not a count of looks: under the

@@ -16,6 +16,8 @@ pub struct ZygoteLink {
     from_r: c_int,
     /// (started, why container requests fail now: (error kind, message), None while usable).
     dead: Mutex<(bool, Option<(&'static str, String)>)>,
+    /// Whether the zygote ever answered: a write failing before that means it could not start.
+    served: std::sync::atomic::AtomicBool,
 }
 
 /// The zygote could never serve (no launcher, no python3 in the image): the pool must not retry.
@@ -98,7 +100,7 @@ impl ZygoteLink {
             sys::close(to_r);
             sys::close(from_w);
         }
-        Some(ZygoteLink { to_w, from_r, dead: Mutex::new((false, None)) })
+        Some(ZygoteLink { to_w, from_r, dead: Mutex::new((false, None)), served: Default::default() })
     }
 
     /// Sends one raw request frame to the zygote, starting it first if need be. Err: why the
@@ -119,7 +121,12 @@ impl ZygoteLink {
             return Err(why.clone());
         }
         if let Err(e) = write_all(self.to_w, frame) {
-            st.1 = Some((FAILED, format!("the episode-container zygote is gone: {}", e)));
+            st.1 = Some(if self.served.load(std::sync::atomic::Ordering::Relaxed) {
+                (FAILED, format!("the episode-container zygote is gone: {}", e))
+            } else {
+                (UNSUPPORTED, format!("the episode-container zygote could not start ({}): episode containers \
+                                       need python3 >= 3.9 in the image and room under the sandbox's pids limit", e))
+            });
             return Err(st.1.clone().unwrap());
         }
         Ok(())
@@ -141,6 +148,7 @@ impl ZygoteLink {
             }
             out(&frame);
             served = true;
+            self.served.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         self.dead.lock().unwrap().1 = Some(if served {
             (FAILED, "the episode-container zygote ended".into())
