@@ -77,12 +77,13 @@ def _py(home: Paths, code: str) -> str:
     return r.stdout
 
 
-def _alive(sb: SandboxInstance, needle: str) -> int:
-    """How many processes in the sandbox have `needle` in their command line."""
+def _alive(sb: SandboxInstance, seconds: str) -> int:
+    """How many processes in the sandbox run exactly `sleep SECONDS` (not a parent whose own
+    command line merely contains the number: it matches before it has forked)."""
     code = ("import os,sys\nn=0\nfor p in os.listdir('/proc'):\n if p.isdigit() and int(p) != os.getpid():\n"
             "  try: c=open('/proc/%s/cmdline'%p,'rb').read()\n  except OSError: continue\n"
-            "  n += sys.argv[1].encode() in c\nprint(n)")
-    return int(sb.exec("python3", "-c", code, needle).stdout)
+            "  n += c.split(b'\\0')[:2] == [b'sleep', sys.argv[1].encode()]\nprint(n)")
+    return int(sb.exec("python3", "-c", code, seconds).stdout)
 
 
 def test_a_server_answers_through_expose_port_and_kill_closes_it(sb: SandboxInstance) -> None:
