@@ -13,7 +13,7 @@ import pytest
 
 from rollbox import Image, Sandbox, SandboxPool, errors
 from rollbox.sdk.containers import ContainerInstance, EpisodePoolClient
-from rollbox.sdk.sandbox import default_client
+from rollbox.sdk.sandbox import SandboxInstance, default_client
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +129,35 @@ def test_writes_past_the_cap_end_as_enospc_gh15(one_sandbox_pool: EpisodePoolCli
         assert sh(c, "echo ok").strip() == "ok"
     finally:
         one_sandbox_pool.end(c.container_id, "ok")
+
+
+def test_file_writes_stay_in_the_container_and_keep_their_errors_gh15(one_sandbox_pool: EpisodePoolClient) -> None:
+    # The zygote writes uploads into a container's root itself (no init needed): a symlink the
+    # container planted must not lead that write out into the pooled sandbox's files.
+    c = one_sandbox_pool.begin()
+    try:
+        c.fs.write_file("/work/sub/dir/a.txt", b"first")  # parents made, as the agent does
+        assert c.fs.read_file("/work/sub/dir/a.txt") == b"first"
+        sh(c, "ln -s /etc /work/evil && ln -s /etc/motd-rollbox /work/file-link && touch /work/plain")
+        c.fs.write_file("/work/evil/rollbox-escape", b"inside")  # resolved in the container's root
+        c.fs.write_file("/work/file-link", b"replaced")          # the link itself is replaced
+        assert sh(c, "cat /etc/rollbox-escape; test -L /work/file-link || echo notlink") == "insidenotlink\n"
+        with pytest.raises(errors.InvalidArgument) as e1:
+            c.fs.write_file("/work/plain/x", b"no")  # a file where a directory should be
+        with pytest.raises(errors.InvalidArgument) as e2:
+            c.fs.write_file("/work/sub", b"no")      # a directory where the file should be
+        assert "directory" in str(e1.value).lower() and "directory" in str(e2.value).lower()
+        c.fs.write_file("/work/x.py", b"import os, sys\nprint(os.stat(sys.argv[0]).st_mode & 0o777)\n", mode=0o600)
+        assert c.exec("python3", "/work/x.py", cwd="/work").stdout == b"384\n"
+    finally:
+        one_sandbox_pool.end(c.container_id, "ok")
+    c2 = one_sandbox_pool.begin()
+    try:
+        assert "LEAK" not in sh(c2, "test -e /etc/rollbox-escape && echo LEAK; test -e /work/sub && echo LEAK")
+    finally:
+        one_sandbox_pool.end(c2.container_id, "ok")
+    sb = SandboxInstance(c.sandbox_id, default_client())
+    assert "LEAK" not in sb.exec("sh", "-c", "test -e /etc/rollbox-escape && echo LEAK").stdout.decode()
 
 
 def test_unknown_container_is_typed_gh15(one_sandbox_pool: EpisodePoolClient) -> None:

@@ -197,6 +197,8 @@ class ContainerInit:
             return self.fail(req, "is_a_directory", str(e))
         except NotADirectoryError as e:
             return self.fail(req, "not_a_directory", str(e))
+        except FileExistsError as e:  # os.makedirs met a file where a parent directory goes
+            return self.fail(req, "not_a_directory", "%s: a parent of %s is not a directory" % (e, req.get("path")))
         except PermissionError as e:
             return self.fail(req, "permission_denied", str(e))
         except ValueError as e:

@@ -7,8 +7,11 @@ pivot_root, and setns for mount/UTS/IPC/net work; setns of a PID namespace is EI
 """
 
 import ctypes
+import fcntl
 import os
+import resource
 import socket
+import struct
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x04000000, 0x08000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
@@ -89,6 +92,63 @@ def make_filesystem(cid, root_mib):
     return top + "/m"
 
 
+def write_file_in_root(root, req):
+    """agent.op_write_file for a container whose root is `root` (a path in the zygote's
+    mount namespace), walking the path one component at a time with O_NOFOLLOW so that no
+    symlink a container left can lead the write out of its root. Returns the size written,
+    or None when the request is not a plain write of an absolute path without `.`/`..`
+    components or a symlink stands in the way (the container's init resolves those). Raises
+    OSError as the init would (the caller then lets the init report it)."""
+    path = req.get("path")
+    data = req.get("data")
+    if req.get("upload") is not None or not isinstance(path, str) or not isinstance(data, str) \
+            or not path.startswith("/"):
+        return None
+    parts = [p for p in path.split("/") if p]
+    if not parts or any(p in (".", "..") for p in parts):
+        return None
+    import base64
+    import errno
+    payload = base64.b64decode(data)
+    fd = os.open(root, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in parts[:-1]:
+            try:
+                nxt = os.open(name, O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                os.mkdir(name, 0o777, dir_fd=fd)  # os.makedirs' mode, under our umask
+                nxt = os.open(name, O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    return None  # a symlink (or a file) on the way: the init's view decides
+                raise
+            os.close(fd)
+            fd = nxt
+        tmp = "%s.rollbox-tmp-%d" % (parts[-1], req.get("id") or 0)
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(out, view):]
+            os.fchmod(out, int(req.get("mode") or 0o644))
+        except BaseException:
+            os.close(out)
+            os.unlink(tmp, dir_fd=fd)
+            raise
+        os.close(out)
+        try:
+            os.rename(tmp, parts[-1], src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            os.unlink(tmp, dir_fd=fd)
+            raise
+        return len(payload)
+    finally:
+        os.close(fd)
+
+
+O_PATH = getattr(os, "O_PATH", 0o10000000)
+
+
 def remove_filesystem(cid):
     top = "%s/%s" % (BASE, cid)
     umount(top + "/m")
@@ -105,7 +165,10 @@ def remove_filesystem(cid):
 CONTAINER_NPROC = 48
 
 
-def enter_root(new, shm_mib, hostname, as_mib=None, nproc=CONTAINER_NPROC, binds=()):
+_LO_UP = struct.pack("16sH14s", b"lo", 0x1 | 0x40, b"\0" * 14)
+
+
+def enter_root(new, shm_mib, hostname, as_mib=None, nproc=CONTAINER_NPROC, binds=(), bounding=None):
     """In a freshly cloned init: its own /proc, /dev and /dev/shm, pivot_root into `new`, the
     host name, loopback up, then Docker's default capabilities only, and (as_mib) an address
     space limit so that one container's allocation fails inside it (Python: MemoryError)
@@ -133,38 +196,61 @@ def enter_root(new, shm_mib, hostname, as_mib=None, nproc=CONTAINER_NPROC, binds
     if hostname:
         socket.sethostname(hostname)
     try:  # loopback up in the new network namespace (SIOCSIFFLAGS IFF_UP|IFF_RUNNING)
-        import fcntl
-        import struct
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", 0x1 | 0x40, b"\0" * 14))
+            fcntl.ioctl(s, 0x8914, _LO_UP)
     except OSError:
         pass
     os.umask(0o022)
-    drop_capabilities()  # no CAP_SYS_RESOURCE after this: the limit cannot be raised again
-    import resource
+    drop_capabilities(bounding)  # no CAP_SYS_RESOURCE after this: the limit cannot be raised again
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     if as_mib:
         resource.setrlimit(resource.RLIMIT_AS, (as_mib << 20, as_mib << 20))
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
 
-def drop_capabilities():
-    """Docker's default set only, bounding set included: no mount, unshare, pivot_root, ptrace."""
+CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
+
+
+def narrow_bounding_set(keep=(CAP_NET_ADMIN, CAP_SYS_ADMIN)):
+    """Drops from this process's bounding set every capability outside Docker's default set
+    but `keep` (what the zygote needs to make containers), once, so that each container's
+    init has only `keep` left to drop (one prctl per capability is a trap into gVisor's
+    kernel, in a fresh fork). Returns `keep`: the `bounding` to pass to enter_root."""
     for cap in range(LAST_CAP + 1):
-        if cap not in DEFAULT_CAPS:
+        if cap not in DEFAULT_CAPS and cap not in keep:
             libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL for caps this kernel lacks: fine
+    return tuple(keep)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _default_caps():
     mask = 0
     for cap in DEFAULT_CAPS:
         mask |= 1 << cap
+    hdr = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words
+    data = (_CapData * 2)(_CapData(mask & 0xFFFFFFFF, mask & 0xFFFFFFFF, 0), _CapData(mask >> 32, mask >> 32, 0))
+    return hdr, data
 
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
-    class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+# Built once in the zygote: a fork that made them would pay for the allocations page by page.
+_CAPSET_ARGS = _default_caps()
 
-    hdr = Header(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words
-    data = (Data * 2)(Data(mask & 0xFFFFFFFF, mask & 0xFFFFFFFF, 0), Data(mask >> 32, mask >> 32, 0))
+
+def drop_capabilities(bounding=None):
+    """Docker's default set only, bounding set included: no mount, unshare, pivot_root, ptrace.
+    `bounding`: the non-default capabilities still in the bounding set (narrow_bounding_set's
+    answer); None: every one is dropped."""
+    for cap in range(LAST_CAP + 1) if bounding is None else bounding:
+        if cap not in DEFAULT_CAPS:
+            libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL for caps this kernel lacks: fine
+    hdr, data = _CAPSET_ARGS
     check(libc.syscall(SYS_CAPSET, ctypes.byref(hdr), ctypes.byref(data)), "capset")
 
 
