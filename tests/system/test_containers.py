@@ -185,6 +185,13 @@ def test_python_commands_behave_as_a_fresh_interpreter_gh15(one_sandbox_pool: Ep
         c.fs.write_file("/work/bad.py", "1 / 0\n")  # the traceback is the program's alone: no runpy frames
         r = c.exec("python3", "/work/bad.py")
         assert r.stderr.splitlines()[:2] == [b"Traceback (most recent call last):", b'  File "/work/bad.py", line 1, in <module>']
+        c.fs.write_file("/usr/local/bin/python3", "#!/bin/sh\necho own-python3\n", mode=0o755)
+        assert c.exec("python3", "-c", "pass").stdout == b"own-python3\n"  # the container's own, not the warm one
+        c.fs.remove("/usr/local/bin/python3")
+        r = c.exec("python3", "/work/missing.py")  # CPython's own message and status
+        assert r.exit_code == 2 and b"can't open file '/work/missing.py': [Errno 2]" in r.stderr
+        c.fs.write_file("/work/f.py", "import sys\nprint(__file__, __spec__, __loader__.name, sys.path[0])\n")
+        assert c.exec("python3", "/work/f.py").stdout == b"/work/f.py None __main__ /work\n"
         r = c.exec("python3", "-c", "while True: pass", timeout=1)
         assert r.timed_out and r.exit_code is None
         # Files survive the in-place command; a later command gets a fresh init.

@@ -14,20 +14,24 @@ import sys
 _PY_FLAGS = set("uBsEIdqbOR")
 
 
-def python_command(argv, env):
+def python_command(argv, env, root=""):
     """(mode, target, args, flags) when `argv` runs this very interpreter on a script (`-c`,
-    `-m` or a path), so a fork of the warm process can run it; None otherwise (exec'd as is)."""
+    `-m` or a path), so a fork of the warm process can run it; None otherwise (exec'd as is).
+    `root`: where the command's filesystem is mounted here ("" inside it), so that a
+    container that replaced its python3 gets its own (an absolute symlink: not warm)."""
     prog = argv[0]
     if "/" not in prog:
         for d in (env.get("PATH") or "/usr/bin:/bin").split(":"):
             cand = os.path.join(d or ".", prog)
-            if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            if cand.startswith("/") and os.path.isfile(root + cand) and os.access(root + cand, os.X_OK):
                 prog = cand
                 break
         else:
             return None
+    elif not prog.startswith("/"):
+        return None  # relative to a working directory: the init resolves it
     try:
-        if os.path.realpath(prog) != os.path.realpath(sys.executable):
+        if os.path.realpath(root + prog) != root + os.path.realpath(sys.executable):
             return None
     except OSError:
         return None
@@ -167,7 +171,16 @@ def _run_python(cmd, env):
         else:
             sys.argv = [target, *args]
             sys.path[0] = os.path.dirname(os.path.realpath(target))
-            runpy.run_path(target, run_name="__main__")
+            code_obj = _script_code(target)
+            if code_obj is None:
+                runpy.run_path(target, run_name="__main__")  # a directory or zip with __main__.py
+            else:
+                main = type(sys)("__main__")
+                ext = sys.modules.get("_frozen_importlib_external")
+                main.__dict__.update(__builtins__=__builtins__, __file__=target, __cached__=None,
+                                     __loader__=ext.SourceFileLoader("__main__", target) if ext else None)
+                sys.modules["__main__"] = main
+                exec(code_obj, main.__dict__)
     except SystemExit as e:
         code = _exit_status(e.code)
     except BaseException as e:  # noqa: BLE001 - as the interpreter does: traceback, status 1
@@ -186,6 +199,26 @@ def _run_python(cmd, env):
         except BaseException:  # noqa: BLE001 - a closed pipe loses output, as it would anyway
             pass
     os._exit(code)
+
+
+def _script_code(path):
+    """The compiled code of the script at `path`, read and compiled as `python3 path` does
+    (runpy.run_path would first try it as a zip archive and import pkgutil: ~20 syscalls and
+    two imports in every fork); None for a directory or zip archive (runpy runs those). A file
+    that cannot be opened ends the process as CPython does: the message and status 2."""
+    import io
+    try:
+        with io.open_code(path) as f:
+            source = f.read()
+    except IsADirectoryError:
+        return None
+    except OSError as e:
+        sys.stderr.write("python3: can't open file %r: [Errno %d] %s\n" % (path, e.errno, e.strerror))
+        sys.stderr.flush()
+        os._exit(2)
+    if source[:4] == b"PK\x03\x04":
+        return None
+    return compile(source, path, "exec", dont_inherit=True)
 
 
 def _exit_status(value):

@@ -201,8 +201,9 @@ class Zygote:
         cmd = None
         if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv) and not req.get("user") \
                 and not c.spawned:
-            cmd = warm_python.python_command(argv, env)
-            cwd = req.get("cwd") or agent._home_or_root(env)
+            cmd = warm_python.python_command(argv, env, c.root)
+            home = env.get("HOME")
+            cwd = req.get("cwd") or (home if home and os.path.isdir(c.root + home) else "/")  # as _home_or_root
             if cmd is not None and not os.path.isdir(c.root + "/" + str(cwd).lstrip("/")):
                 cmd = None  # the init reports a missing working directory as exec does
         if cmd is None:
