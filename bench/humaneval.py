@@ -90,6 +90,9 @@ class CpuMeter:
 
 def measure(name: str, concurrency: int, progs: list[str], run: Callable[[list[str], int], list[tuple[bool, float]]],
             meter: CpuMeter | None) -> Row:
+    warm = getattr(run, "warm", None)
+    if warm is not None:
+        warm(concurrency, progs)  # unmeasured: see PoolRunner
     c0 = meter.read() if meter else 0.0
     t0 = time.perf_counter()
     results = run(progs, concurrency)
@@ -106,15 +109,37 @@ def rollbox_episode(sb: Any, program: str) -> float:
     return 1.0 if r.exit_code == 0 and not r.timed_out else 0.0
 
 
-def run_pool(snapshot_id: str, isolation: str) -> Callable[[list[str], int], list[tuple[bool, float]]]:
-    from rollbox import SandboxPool
+class PoolRunner:
+    """SandboxPool rows. `warm(c)` opens the pool and runs one unmeasured round of C programs
+    first (container mode: the pooled sandboxes restored and their zygotes started; sandbox
+    mode: the C spares restored), as a trainer's pool is between batches and as the fusion row
+    is warmed; the measured call then runs on it and closes it."""
 
-    def run(progs: list[str], concurrency: int) -> list[tuple[bool, float]]:
-        warm = concurrency if isolation == "sandbox" else 0
-        with SandboxPool(snapshot_id, max_concurrency=concurrency, warm=warm, isolation=isolation) as pool:
-            res = list(pool.map(rollbox_episode, progs, timeout=TIMEOUT_S + 30, retries=1))
+    def __init__(self, snapshot_id: str, isolation: str) -> None:
+        self.snapshot_id, self.isolation = snapshot_id, isolation
+        self.pool: Any = None
+
+    def warm(self, concurrency: int, progs: list[str]) -> None:
+        from rollbox import SandboxPool
+        warm = concurrency if self.isolation == "sandbox" else 0
+        self.pool = SandboxPool(self.snapshot_id, max_concurrency=concurrency, warm=warm, isolation=self.isolation)
+        list(self.pool.map(rollbox_episode, progs[:concurrency], timeout=TIMEOUT_S + 30, retries=1))
+        if self.isolation == "sandbox":
+            time.sleep(3)  # the spares the warm-up round used are restored again
+
+    def __call__(self, progs: list[str], concurrency: int) -> list[tuple[bool, float]]:
+        if self.pool is None:
+            self.warm(concurrency, progs)
+        try:
+            res = list(self.pool.map(rollbox_episode, progs, timeout=TIMEOUT_S + 30, retries=1))
+        finally:
+            self.pool.close()
+            self.pool = None
         return [(r.status == "ok" and r.reward == 1.0, r.wall_s * 1000) for r in res]
-    return run
+
+
+def run_pool(snapshot_id: str, isolation: str) -> PoolRunner:
+    return PoolRunner(snapshot_id, isolation)
 
 
 def run_runc() -> Callable[[list[str], int], list[tuple[bool, float]]]:
