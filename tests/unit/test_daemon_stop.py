@@ -31,8 +31,11 @@ def test_a_request_cancelled_by_shutdown_is_answered_daemon_unavailable_gh19(tmp
 
     app = FastAPI()
 
+    arrived = threading.Event()
+
     @app.post("/sandboxes/sb-1/exec")
     async def slow() -> dict[str, Any]:
+        arrived.set()
         await asyncio.sleep(30)
         return {}
 
@@ -61,7 +64,7 @@ def test_a_request_cancelled_by_shutdown_is_answered_daemon_unavailable_gh19(tmp
 
     caller = threading.Thread(target=call)
     caller.start()
-    time.sleep(0.5)
+    assert arrived.wait(10)  # the request is in flight in the handler when the stop comes
     srv.handle_exit(signal.SIGTERM, None)  # what `rollbox daemon restart` sends
     caller.join(20)
     t.join(20)

@@ -175,6 +175,13 @@ class ProcessTable:
         env, mark = self._make_env(req)
         cwd = req.get("cwd") or _home_or_root(env)
         req = dict(req, cwd=cwd)
+        try:
+            return self._start(req, argv, env, mark, cwd)
+        except BlockingIOError as e:  # EAGAIN from fork: the sandbox's process limit
+            raise ProcError("resource_exhausted", "cannot start %r: the sandbox is at its process limit (%s); end "
+                                                  "some processes (or raise pids=) and retry" % (argv[0], e)) from None
+
+    def _start(self, req, argv, env, mark, cwd):
         pty_fd = None
         if req.get("pty"):
             master, slave = os.openpty()

@@ -212,6 +212,12 @@ pub fn op_start(a: &Agent, req: &Value) -> OpResult {
             if let Some(j) = jail {
                 j.release(&needle);
             }
+            if e.raw_os_error() == Some(sys::EAGAIN) {
+                // The reader thread took the last task the limit allowed: the same condition.
+                return Err(OpError::new("resource_exhausted", format!(
+                    "cannot start ['{}']: the sandbox is at its process limit ({}); end some processes (or raise \
+                     pids=) and retry", what, e)));
+            }
             let (_, msg) = ops::launch_error(e, launch.argv[0].as_bytes());
             return Err(OpError::invalid(format!("cannot start ['{}']: {}", what, msg.trim_end().trim_start_matches("rollbox: "))));
         }
