@@ -28,6 +28,7 @@ key, JSON); the key arrives on fd 3 from the launcher the agent forked before dr
 CAP_SYS_ADMIN. Single-threaded: a fork of a threaded Python process costs twice as much.
 """
 
+import gc
 import json
 import os
 import select
@@ -439,6 +440,10 @@ def main():
             __import__(name)
         except ImportError:
             pass
+    # What is loaded now lives as long as the zygote: frozen, no collection here or in a fork
+    # walks it (a full collection writes every object's header: a copy-on-write fault per page).
+    gc.collect()
+    gc.freeze()
     Zygote(bounding).run()
 
 
