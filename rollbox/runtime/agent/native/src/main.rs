@@ -1,5 +1,5 @@
 //! rollbox's in-sandbox agent: the container's init process (PID 1 inside gVisor), in Rust
-//! with std only, so that images need no Python (a busybox or distroless image boots).
+//! (serde_json, sha2/hmac, base64 and libc, as Debian 12 packages them), so that images need no Python (a busybox or distroless image boots).
 //!
 //! It speaks protocol 2 exactly as agent.py does (read that file's docstring for the why):
 //! frames of a 4-byte big-endian length, a 32-byte HMAC-SHA256 of the JSON under the sandbox's
@@ -10,27 +10,27 @@
 //! Nothing here caches a pid or a time across requests: after `runsc restore` the process
 //! simply carries on, and `identity` gives a restored copy its own env and host name.
 
-mod b64;
 mod jail;
-mod json;
 mod memwatch;
 mod ops;
 mod proc;
 mod procs;
 mod procs_ops;
 mod retain;
-mod sha256;
 mod sys;
+mod wire;
 mod zygote;
 
 use std::collections::VecDeque;
-use std::ffi::c_int;
+use hmac::{Hmac, Mac};
+use libc::c_int;
+use sha2::Sha256;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use json::{ObjBuilder, Value};
+use wire::{Obj, Value};
 
 const KEY_FILE: &str = "/.rollbox-key";
 /// Put in a fresh sandbox's /tmp by the daemon (runtime/rootfs.py) so that gVisor mounts no
@@ -41,7 +41,8 @@ const MAC_LEN: usize = 32;
 
 /// What every request shares. Made once at start and never freed (it lives as long as PID 1).
 pub struct Agent {
-    hmac: sha256::Hmac,
+    /// HMAC-SHA256 keyed with the sandbox's key; cloned per frame (the key schedule is done once).
+    hmac: Hmac<Sha256>,
     out: Mutex<()>,
     pub reaper: proc::Reaper,
     /// Background processes started with `proc_start` (gh-16).
@@ -103,8 +104,10 @@ impl Pool {
 impl Agent {
     /// Writes one signed frame to stdout. A gone daemon (EPIPE) drops it: it re-asks.
     fn send(&self, msg: &Value) {
-        let data = json::to_vec(msg);
-        let mac = self.hmac.mac(&data);
+        let data = wire::to_vec(msg);
+        let mut h = self.hmac.clone();
+        h.update(&data);
+        let mac = h.finalize().into_bytes();
         let mut frame = Vec::with_capacity(4 + MAC_LEN + data.len());
         frame.extend_from_slice(&((MAC_LEN + data.len()) as u32).to_be_bytes());
         frame.extend_from_slice(&mac);
@@ -115,7 +118,7 @@ impl Agent {
     fn handle(&self, req: Value) {
         let t0 = Instant::now();
         let rid = req.get("id").cloned().unwrap_or(Value::Null);
-        let op = req.get("op").and_then(|v| v.as_bytes()).map(|b| String::from_utf8_lossy(b).to_string());
+        let op = req.get("op").and_then(wire::as_bytes).map(|b| String::from_utf8_lossy(&b).to_string());
         let result = catch_unwind(AssertUnwindSafe(|| match op.as_deref() {
             Some("exec") => ops::op_exec(self, &req),
             Some("spawn") => ops::op_spawn(self, &req),
@@ -137,7 +140,7 @@ impl Agent {
         }));
         let reply = match result {
             Ok(Ok(mut obj)) => {
-                obj.set("agent_s", Value::Float(t0.elapsed().as_secs_f64()));
+                obj.set("agent_s", Value::from(t0.elapsed().as_secs_f64()));
                 obj.set("id", rid);
                 obj.set("ok", Value::Bool(true));
                 obj.build()
@@ -195,11 +198,11 @@ impl Agent {
 }
 
 fn error_reply(rid: Value, kind: &str, message: &str) -> Value {
-    ObjBuilder::new()
+    Obj::new()
         .with("id", rid)
         .with("ok", Value::Bool(false))
-        .with("error", Value::str(kind))
-        .with("message", Value::str(message))
+        .with("error", Value::from(kind))
+        .with("message", Value::from(message))
         .build()
 }
 
@@ -284,7 +287,7 @@ fn main() {
         .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
         .collect();
     let agent: &'static Agent = Box::leak(Box::new(Agent {
-        hmac: sha256::Hmac::new(&key),
+        hmac: Hmac::<Sha256>::new_from_slice(&key).expect("HMAC takes a key of any length"),
         out: Mutex::new(()),
         reaper: proc::Reaper::new(),
         procs: procs::Table::new(),
@@ -300,12 +303,12 @@ fn main() {
     for _ in 0..4 {
         agent.pool.add_thread();
     }
-    agent.send(&ObjBuilder::new()
-        .with("id", Value::Int(0))
+    agent.send(&Obj::new()
+        .with("id", Value::from(0))
         .with("ok", Value::Bool(true))
-        .with("event", Value::str("ready"))
-        .with("pid", Value::Int(unsafe { sys::getpid() } as i64))
-        .with("protocol", Value::Int(ops::PROTOCOL))
+        .with("event", Value::from("ready"))
+        .with("pid", Value::from(unsafe { sys::getpid() } as i64))
+        .with("protocol", Value::from(ops::PROTOCOL))
         .build());
     let mut hdr = [0u8; 4];
     loop {
@@ -323,11 +326,20 @@ fn main() {
         }
         let (mac, body) = frame.split_at(MAC_LEN);
         // A request not signed with this sandbox's key came from inside the sandbox: drop it.
-        if !sha256::ct_eq(mac, &agent.hmac.mac(body)) {
+        // verify_slice compares in constant time.
+        let mut h = agent.hmac.clone();
+        h.update(body);
+        if h.verify_slice(mac).is_err() {
             continue;
         }
-        let Ok(req) = json::parse(body) else { continue };
-        let Some(op) = req.get("op").and_then(|v| v.as_bytes()) else { continue };
+        let req = match wire::parse(body) {
+            Ok(r) => r,
+            Err(_) => continue,
+        };
+        let op = match req.get("op").and_then(wire::as_bytes) {
+            Some(op) => op,
+            None => continue,
+        };
         if op.starts_with(b"container_") {
             let mut raw = Vec::with_capacity(4 + n);
             raw.extend_from_slice(&hdr);
