@@ -105,9 +105,7 @@ impl Agent {
     /// Writes one signed frame to stdout. A gone daemon (EPIPE) drops it: it re-asks.
     fn send(&self, msg: &Value) {
         let data = wire::to_vec(msg);
-        let mut h = self.hmac.clone();
-        h.update(&data);
-        let mac = h.finalize().into_bytes();
+        let mac = sign(&self.hmac, &data);
         let mut frame = Vec::with_capacity(4 + MAC_LEN + data.len());
         frame.extend_from_slice(&((MAC_LEN + data.len()) as u32).to_be_bytes());
         frame.extend_from_slice(&mac);
@@ -195,6 +193,21 @@ impl Agent {
             }
         }
     }
+}
+
+/// The frame MAC of `data`: HMAC-SHA256 under the sandbox's key.
+fn sign(key: &Hmac<Sha256>, data: &[u8]) -> [u8; MAC_LEN] {
+    let mut h = key.clone();
+    h.update(data);
+    h.finalize().into_bytes().into()
+}
+
+/// Whether `mac` is `data`'s frame MAC, compared in constant time (hmac's verify_slice, via
+/// subtle): a process in the sandbox must not learn the MAC byte by byte from timing.
+fn verify(key: &Hmac<Sha256>, data: &[u8], mac: &[u8]) -> bool {
+    let mut h = key.clone();
+    h.update(data);
+    h.verify_slice(mac).is_ok()
 }
 
 fn error_reply(rid: Value, kind: &str, message: &str) -> Value {
@@ -326,10 +339,7 @@ fn main() {
         }
         let (mac, body) = frame.split_at(MAC_LEN);
         // A request not signed with this sandbox's key came from inside the sandbox: drop it.
-        // verify_slice compares in constant time.
-        let mut h = agent.hmac.clone();
-        h.update(body);
-        if h.verify_slice(mac).is_err() {
+        if !verify(&agent.hmac, body, mac) {
             continue;
         }
         let req = match wire::parse(body) {
@@ -349,5 +359,45 @@ fn main() {
         }
         drop(frame);
         agent.pool.submit(Box::new(move || agent.handle(req)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(k: &[u8]) -> Hmac<Sha256> {
+        Hmac::<Sha256>::new_from_slice(k).unwrap()
+    }
+
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    }
+
+    #[test]
+    fn macs_are_hmac_sha256() {
+        // RFC 4231, test case 2.
+        let want = unhex("5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+        assert_eq!(sign(&key(b"Jefe"), b"what do ya want for nothing?").to_vec(), want);
+        assert!(verify(&key(b"Jefe"), b"what do ya want for nothing?", &want));
+        let mut bad = want.clone();
+        bad[31] ^= 1;
+        assert!(!verify(&key(b"Jefe"), b"what do ya want for nothing?", &bad));
+        assert!(!verify(&key(b"Jefe"), b"what do ya want for nothing?", &want[..31]));
+        assert!(!verify(&key(b"other"), b"what do ya want for nothing?", &want));
+    }
+
+    #[test]
+    fn a_daemon_frame_with_a_non_utf8_path_verifies_and_parses() {
+        // What channel.py sends for path=os.fsdecode(b"/tmp/caf\xe9\xff") under key
+        // b"sandbox-key" (json.dumps with separators=(",", ":"); the MAC from Python's hmac).
+        let body = br#"{"id":7,"op":"list_files","path":"/tmp/caf\udce9\udcff"}"#;
+        let mac = unhex("40305644002b0a6bf23ea94ee56456fd99454963173ccec36098d20af928163a");
+        assert!(verify(&key(b"sandbox-key"), body, &mac));
+        let req = wire::parse(body).unwrap();
+        assert_eq!(wire::as_bytes(&req["path"]).unwrap(), b"/tmp/caf\xe9\xff");
+        // The reply names it the same way, signed over exactly the bytes sent.
+        let reply = wire::to_vec(&Obj::new().with("path", wire::bytes(b"/tmp/caf\xe9\xff")).build());
+        assert_eq!(reply, br#"{"path":"/tmp/caf\udce9\udcff"}"#.to_vec());
     }
 }

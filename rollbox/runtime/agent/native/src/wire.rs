@@ -251,8 +251,6 @@ pub fn b64decode(v: &str) -> Result<Vec<u8>, String> {
 
 /// Python's views of a request value, as the ops read them.
 pub trait ValueExt {
-    /// Like Python's `bool(x)`.
-    fn truthy(&self) -> bool;
     /// Like `req.get(key)` being truthy: missing and false-like values are None.
     fn get_truthy(&self, key: &str) -> Option<&Value>;
     /// A number as Python sees one (bools are 0 and 1).
@@ -262,9 +260,6 @@ pub trait ValueExt {
 }
 
 impl ValueExt for Value {
-    fn truthy(&self) -> bool {
-        truthy(self)
-    }
     fn get_truthy(&self, key: &str) -> Option<&Value> {
         get_truthy(self, key)
     }
