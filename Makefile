@@ -24,23 +24,30 @@ $(STAMPS)/venv: pyproject.toml
 venv: host $(STAMPS)/venv agent
 
 # The native in-sandbox agent (PID 1 of every sandbox), a static binary next to agent.py so
-# that it is visible in sandboxes at /.rollbox/rollbox-agent. Without cargo, sandboxes use
-# agent.py (which needs python3 in the image). Cargo's own incremental build makes it cheap.
+# that it is visible in sandboxes at /.rollbox/rollbox-agent. Built with Debian 12's own cargo
+# and rustc (1.63) from Debian's packaged crates (librust-*-dev, a directory source named in
+# $(AGENT_SRC)/.cargo/config.toml), all installed by scripts/setup-host.sh: apt alone, no
+# rustup and no network. Named explicitly so that a rustup toolchain first on PATH is not used.
+# Without them, sandboxes use agent.py (which needs python3 in the image).
 AGENT_SRC := rollbox/runtime/agent/native
 AGENT_BIN := rollbox/runtime/agent/rollbox-agent
 AGENT_TARGET := x86_64-unknown-linux-gnu
+AGENT_CARGO ?= /usr/bin/cargo
+AGENT_RUSTC ?= /usr/bin/rustc
+AGENT_ENV := RUSTC=$(AGENT_RUSTC) CARGO_TARGET_DIR=$(CURDIR)/build/agent-target
 
 agent:
-	@if command -v cargo >/dev/null 2>&1; then \
-	  RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR=$(CURDIR)/build/agent-target \
-	    cargo build --quiet --release --offline --target $(AGENT_TARGET) --manifest-path $(AGENT_SRC)/Cargo.toml && \
+	@if [ -x $(AGENT_CARGO) ] && [ -x $(AGENT_RUSTC) ]; then \
+	  cd $(AGENT_SRC) && RUSTFLAGS="-C target-feature=+crt-static" $(AGENT_ENV) \
+	    $(AGENT_CARGO) build --quiet --release --offline --locked --target $(AGENT_TARGET) && cd $(CURDIR) && \
 	  install -m 0755 build/agent-target/$(AGENT_TARGET)/release/rollbox-agent $(AGENT_BIN).tmp && \
 	  mv -f $(AGENT_BIN).tmp $(AGENT_BIN) && echo "native agent: $(AGENT_BIN)" || \
-	  echo "building the native agent failed (Rust >= 1.66 needed): sandboxes will use agent.py (images need python3)"; \
-	else echo "cargo not found: sandboxes will use the Python agent (images need python3)"; fi
+	  echo "building the native agent failed: sandboxes will use agent.py (images need python3)"; \
+	else echo "$(AGENT_CARGO) not found (apt-get install cargo rustc, see scripts/setup-host.sh): sandboxes will use the Python agent (images need python3)"; fi
 
+# cargo reads .cargo/config.toml from the directory it runs in, hence the cd.
 test-agent: agent
-	CARGO_TARGET_DIR=$(CURDIR)/build/agent-target cargo test --quiet --offline --manifest-path $(AGENT_SRC)/Cargo.toml
+	cd $(AGENT_SRC) && $(AGENT_ENV) $(AGENT_CARGO) test --quiet --offline --locked
 
 base-image: host venv
 	$(VENV)/bin/rollbox image build-base
@@ -56,11 +63,12 @@ lint-imports: $(STAMPS)/venv
 	$(VENV)/bin/lint-imports --no-cache
 
 test: setup lint-imports typecheck
+	cd $(AGENT_SRC) && $(AGENT_ENV) $(AGENT_CARGO) test --quiet --offline --locked || ! [ -x $(AGENT_CARGO) ]
 	$(VENV)/bin/python -m pytest tests -q
 
 test-unit: venv lint-imports typecheck
 	$(VENV)/bin/python -m pytest tests/unit -q
-	CARGO_TARGET_DIR=$(CURDIR)/build/agent-target cargo test --quiet --offline --manifest-path $(AGENT_SRC)/Cargo.toml || ! command -v cargo >/dev/null
+	cd $(AGENT_SRC) && $(AGENT_ENV) $(AGENT_CARGO) test --quiet --offline --locked || ! [ -x $(AGENT_CARGO) ]
 
 test-system: setup
 	$(VENV)/bin/python -m pytest tests/system -q

@@ -31,4 +31,15 @@ for pair in runc:runc debootstrap:debootstrap iproute2:ip util-linux:nsenter nft
 done
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+
+# The native agent (rollbox/runtime/agent/native) builds with Debian's own cargo and rustc
+# (1.63) from Debian's packaged crates, which land in /usr/share/cargo/registry (the directory
+# source its .cargo/config.toml names): no rustup, no crates.io.
+agent_pkgs=(cargo rustc librust-serde-json-dev librust-sha2-dev librust-hmac-dev librust-base64-dev
+            librust-libc-dev librust-once-cell-dev)
+agent_missing=()
+for pkg in "${agent_pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || agent_missing+=("$pkg")
+done
+if [ ${#agent_missing[@]} -gt 0 ]; then apt_install "${agent_missing[@]}"; fi
 echo "host set-up: ok ($(runsc --version | head -1))"

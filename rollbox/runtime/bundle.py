@@ -13,7 +13,7 @@ from pathlib import Path
 AGENT_DIR = Path(__file__).parent / "agent"
 AGENT_MOUNT = "/.rollbox"
 # The native agent (agent/native, built by `make agent`): a static binary, so images need no
-# Python. Without it (no cargo on this machine) sandboxes run agent.py under the image's python3.
+# Python. Without it (no Debian cargo on this machine) sandboxes run agent.py under the image's python3.
 NATIVE_AGENT = "rollbox-agent"
 AGENTS = ("native", "python")
 

@@ -18,6 +18,9 @@ from rollbox.runtime.bundle import AGENT_DIR
 from tests.system.conftest import side_home
 
 NATIVE_SRC = AGENT_DIR / "native"
+# What `make agent` builds with (Debian 12's own toolchain, not a rustup one on PATH).
+DEBIAN_CARGO = "/usr/bin/cargo"
+DEBIAN_RUSTC = "/usr/bin/rustc"
 
 
 def _variant_build(work: Path) -> Path:
@@ -27,9 +30,12 @@ def _variant_build(work: Path) -> Path:
     shutil.copytree(NATIVE_SRC, src, ignore=shutil.ignore_patterns("target"))
     main = src / "src" / "main.rs"
     main.write_text(main.read_text().replace("it takes no arguments", "it takes no arguments (variant)"))
-    env = dict(os.environ, RUSTFLAGS="-C target-feature=+crt-static", CARGO_TARGET_DIR=str(work / "target"))
-    res = subprocess.run(["cargo", "build", "--quiet", "--release", "--offline", "--target", "x86_64-unknown-linux-gnu",
-                          "--manifest-path", str(src / "Cargo.toml")], env=env, capture_output=True, text=True)
+    env = dict(os.environ, RUSTFLAGS="-C target-feature=+crt-static", CARGO_TARGET_DIR=str(work / "target"),
+               RUSTC=DEBIAN_RUSTC)
+    # Run in the copy: cargo reads .cargo/config.toml (Debian's crates as a directory source)
+    # from the directory it runs in, not from the manifest's.
+    res = subprocess.run([DEBIAN_CARGO, "build", "--quiet", "--release", "--offline", "--locked", "--target",
+                          "x86_64-unknown-linux-gnu"], cwd=src, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     out = work / "agent"
     out.mkdir()
@@ -38,8 +44,8 @@ def _variant_build(work: Path) -> Path:
     return out
 
 
-@pytest.mark.skipif(shutil.which("cargo") is None or not (AGENT_DIR / "rollbox-agent").exists(),
-                    reason="needs cargo and the built native agent")
+@pytest.mark.skipif(not os.access(DEBIAN_CARGO, os.X_OK) or not (AGENT_DIR / "rollbox-agent").exists(),
+                    reason="needs Debian's cargo (scripts/setup-host.sh) and the built native agent")
 def test_snapshots_survive_an_agent_rebuild(paths: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     variant = _variant_build(tmp_path)
     p = side_home(paths, "agentpin")

@@ -60,3 +60,22 @@ def test_non_utf8_names_still_round_trip(sandbox) -> None:
     name = "/tmp/caf\udce9"  # a Latin-1 byte: not valid UTF-8, travels as a surrogate escape
     sandbox.fs.write_file(name, b"bytes")
     assert sandbox.fs.read_file(name) == b"bytes"
+
+
+def test_non_utf8_bytes_round_trip_through_every_agent_field(sandbox) -> None:
+    # Bytes that are not UTF-8 travel as lone surrogates (os.fsdecode's surrogateescape) in
+    # names, argv, env and cwd, both ways; the native agent's wire.rs must give them back exact.
+    d = "/tmp/d\udcff"  # b"/tmp/d\xff"
+    sandbox.fs.write_file(d + "/caf\udce9", b"x")
+    entries = sandbox.fs.list_files(d)
+    assert [(e.name, e.path) for e in entries] == [("caf\udce9", d + "/caf\udce9")]
+    r = sandbox.exec("sh", "-c", 'printf %s "$1"; printf / ; printf %s "$V"; printf / ; pwd', "sh", "a\udc80b",
+                     env={"V": "\udcfe\u00e9"}, cwd=d)
+    assert r.stdout == b"a\x80b/\xfe\xc3\xa9//tmp/d\xff\n"
+    # Background processes report their argv and cwd the same way.
+    p = sandbox.process.exec("sleep", "30", cwd=d)
+    try:
+        info = next(i for i in sandbox.process.list_processes() if i.pid == p.pid)
+        assert (info.argv, info.cwd) == (["sleep", "30"], d)
+    finally:
+        p.kill()

@@ -254,7 +254,7 @@ def _tiny_oci_layout(path: Path) -> None:
 
 
 @pytest.mark.skipif(not (Path(rollbox.__file__).parent / "runtime" / "agent" / "rollbox-agent").exists(),
-                    reason="the native agent is not built (`make agent` needs cargo)")
+                    reason="the native agent is not built (`make agent` needs Debian's cargo: scripts/setup-host.sh)")
 def test_an_image_without_python_or_a_shell_boots_on_the_native_agent(tmp_path: Path, make_sandbox) -> None:
     layout = tmp_path / "tiny"
     _tiny_oci_layout(layout)

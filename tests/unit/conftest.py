@@ -222,7 +222,7 @@ class AgentProcess:
 @pytest.fixture(params=["python", "native"])
 def agent(request):
     if request.param == "native" and not os.access(NATIVE_AGENT_PATH, os.X_OK):
-        pytest.skip("the native agent is not built (`make agent` needs cargo)")
+        pytest.skip("the native agent is not built (`make agent` needs Debian's cargo: scripts/setup-host.sh)")
     a = AgentProcess(request.param)
     try:
         yield a
@@ -233,7 +233,7 @@ def agent(request):
 @pytest.fixture
 def native(request):
     if not os.access(NATIVE_AGENT_PATH, os.X_OK):
-        pytest.skip("the native agent is not built (`make agent` needs cargo)")
+        pytest.skip("the native agent is not built (`make agent` needs Debian's cargo: scripts/setup-host.sh)")
     a = AgentProcess("native")
     try:
         yield a

@@ -20,7 +20,7 @@ AGENTS = ["python", "native"]
 @pytest.fixture(params=AGENTS)
 def ag(request):  # type: ignore[no-untyped-def]
     if request.param == "native" and not os.access(NATIVE_AGENT_PATH, os.X_OK):
-        pytest.skip("the native agent is not built (`make agent` needs cargo)")
+        pytest.skip("the native agent is not built (`make agent` needs Debian's cargo: scripts/setup-host.sh)")
     a = AgentProcess(request.param)
     try:
         yield a

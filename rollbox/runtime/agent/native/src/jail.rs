@@ -17,9 +17,11 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::fs::{self, File};
-use std::os::fd::AsRawFd;
+use std::os::unix::io::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
+
+use once_cell::sync::OnceCell as OnceLock;
 
 use crate::sys;
 
@@ -152,7 +154,7 @@ impl Jail {
     /// there; the thread moves back to the root after. Spawns are serialised by the reaper's
     /// lock, so no other start shares the window.
     pub fn spawn_inside<T>(&self, spawn: impl FnOnce() -> T) -> T {
-        let Some(h) = hier() else { return spawn() };
+        let h = match hier() { Some(h) => h, _ => return spawn() };
         let tid = unsafe { sys::gettid() }.to_string();
         for d in dirs(h) {
             let _ = fs::write(path(d, &format!("{}/tasks", self.name)), &tid);
@@ -176,7 +178,7 @@ impl Jail {
 }
 
 fn remove(name: &str) -> bool {
-    let Some(h) = hier() else { return true };
+    let h = match hier() { Some(h) => h, _ => return true };
     let gone = fs::remove_dir(path(&h.pids, name)).is_ok() || fs::metadata(path(&h.pids, name)).is_err();
     if gone {
         if let Some(m) = &h.memory {

@@ -1,5 +1,5 @@
 //! rollbox's in-sandbox agent: the container's init process (PID 1 inside gVisor), in Rust
-//! with std only, so that images need no Python (a busybox or distroless image boots).
+//! (serde_json, sha2/hmac, base64 and libc, as Debian 12 packages them), so that images need no Python (a busybox or distroless image boots).
 //!
 //! It speaks protocol 2 exactly as agent.py does (read that file's docstring for the why):
 //! frames of a 4-byte big-endian length, a 32-byte HMAC-SHA256 of the JSON under the sandbox's
@@ -10,27 +10,27 @@
 //! Nothing here caches a pid or a time across requests: after `runsc restore` the process
 //! simply carries on, and `identity` gives a restored copy its own env and host name.
 
-mod b64;
 mod jail;
-mod json;
 mod memwatch;
 mod ops;
 mod proc;
 mod procs;
 mod procs_ops;
 mod retain;
-mod sha256;
 mod sys;
+mod wire;
 mod zygote;
 
 use std::collections::VecDeque;
-use std::ffi::c_int;
+use hmac::{Hmac, Mac};
+use libc::c_int;
+use sha2::Sha256;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use json::{ObjBuilder, Value};
+use wire::{Obj, Value};
 
 const KEY_FILE: &str = "/.rollbox-key";
 /// Put in a fresh sandbox's /tmp by the daemon (runtime/rootfs.py) so that gVisor mounts no
@@ -41,7 +41,8 @@ const MAC_LEN: usize = 32;
 
 /// What every request shares. Made once at start and never freed (it lives as long as PID 1).
 pub struct Agent {
-    hmac: sha256::Hmac,
+    /// HMAC-SHA256 keyed with the sandbox's key; cloned per frame (the key schedule is done once).
+    hmac: Hmac<Sha256>,
     out: Mutex<()>,
     pub reaper: proc::Reaper,
     /// Background processes started with `proc_start` (gh-16).
@@ -103,8 +104,8 @@ impl Pool {
 impl Agent {
     /// Writes one signed frame to stdout. A gone daemon (EPIPE) drops it: it re-asks.
     fn send(&self, msg: &Value) {
-        let data = json::to_vec(msg);
-        let mac = self.hmac.mac(&data);
+        let data = wire::to_vec(msg);
+        let mac = sign(&self.hmac, &data);
         let mut frame = Vec::with_capacity(4 + MAC_LEN + data.len());
         frame.extend_from_slice(&((MAC_LEN + data.len()) as u32).to_be_bytes());
         frame.extend_from_slice(&mac);
@@ -115,7 +116,7 @@ impl Agent {
     fn handle(&self, req: Value) {
         let t0 = Instant::now();
         let rid = req.get("id").cloned().unwrap_or(Value::Null);
-        let op = req.get("op").and_then(|v| v.as_bytes()).map(|b| String::from_utf8_lossy(b).to_string());
+        let op = req.get("op").and_then(wire::as_bytes).map(|b| String::from_utf8_lossy(&b).to_string());
         let result = catch_unwind(AssertUnwindSafe(|| match op.as_deref() {
             Some("exec") => ops::op_exec(self, &req),
             Some("spawn") => ops::op_spawn(self, &req),
@@ -137,7 +138,7 @@ impl Agent {
         }));
         let reply = match result {
             Ok(Ok(mut obj)) => {
-                obj.set("agent_s", Value::Float(t0.elapsed().as_secs_f64()));
+                obj.set("agent_s", Value::from(t0.elapsed().as_secs_f64()));
                 obj.set("id", rid);
                 obj.set("ok", Value::Bool(true));
                 obj.build()
@@ -194,12 +195,27 @@ impl Agent {
     }
 }
 
+/// The frame MAC of `data`: HMAC-SHA256 under the sandbox's key.
+fn sign(key: &Hmac<Sha256>, data: &[u8]) -> [u8; MAC_LEN] {
+    let mut h = key.clone();
+    h.update(data);
+    h.finalize().into_bytes().into()
+}
+
+/// Whether `mac` is `data`'s frame MAC, compared in constant time (hmac's verify_slice, via
+/// subtle): a process in the sandbox must not learn the MAC byte by byte from timing.
+fn verify(key: &Hmac<Sha256>, data: &[u8], mac: &[u8]) -> bool {
+    let mut h = key.clone();
+    h.update(data);
+    h.verify_slice(mac).is_ok()
+}
+
 fn error_reply(rid: Value, kind: &str, message: &str) -> Value {
-    ObjBuilder::new()
+    Obj::new()
         .with("id", rid)
         .with("ok", Value::Bool(false))
-        .with("error", Value::str(kind))
-        .with("message", Value::str(message))
+        .with("error", Value::from(kind))
+        .with("message", Value::from(message))
         .build()
 }
 
@@ -284,7 +300,7 @@ fn main() {
         .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
         .collect();
     let agent: &'static Agent = Box::leak(Box::new(Agent {
-        hmac: sha256::Hmac::new(&key),
+        hmac: Hmac::<Sha256>::new_from_slice(&key).expect("HMAC takes a key of any length"),
         out: Mutex::new(()),
         reaper: proc::Reaper::new(),
         procs: procs::Table::new(),
@@ -300,12 +316,12 @@ fn main() {
     for _ in 0..4 {
         agent.pool.add_thread();
     }
-    agent.send(&ObjBuilder::new()
-        .with("id", Value::Int(0))
+    agent.send(&Obj::new()
+        .with("id", Value::from(0))
         .with("ok", Value::Bool(true))
-        .with("event", Value::str("ready"))
-        .with("pid", Value::Int(unsafe { sys::getpid() } as i64))
-        .with("protocol", Value::Int(ops::PROTOCOL))
+        .with("event", Value::from("ready"))
+        .with("pid", Value::from(unsafe { sys::getpid() } as i64))
+        .with("protocol", Value::from(ops::PROTOCOL))
         .build());
     let mut hdr = [0u8; 4];
     loop {
@@ -323,11 +339,17 @@ fn main() {
         }
         let (mac, body) = frame.split_at(MAC_LEN);
         // A request not signed with this sandbox's key came from inside the sandbox: drop it.
-        if !sha256::ct_eq(mac, &agent.hmac.mac(body)) {
+        if !verify(&agent.hmac, body, mac) {
             continue;
         }
-        let Ok(req) = json::parse(body) else { continue };
-        let Some(op) = req.get("op").and_then(|v| v.as_bytes()) else { continue };
+        let req = match wire::parse(body) {
+            Ok(r) => r,
+            Err(_) => continue,
+        };
+        let op = match req.get("op").and_then(wire::as_bytes) {
+            Some(op) => op,
+            None => continue,
+        };
         if op.starts_with(b"container_") {
             let mut raw = Vec::with_capacity(4 + n);
             raw.extend_from_slice(&hdr);
@@ -337,5 +359,45 @@ fn main() {
         }
         drop(frame);
         agent.pool.submit(Box::new(move || agent.handle(req)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(k: &[u8]) -> Hmac<Sha256> {
+        Hmac::<Sha256>::new_from_slice(k).unwrap()
+    }
+
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    }
+
+    #[test]
+    fn macs_are_hmac_sha256() {
+        // RFC 4231, test case 2.
+        let want = unhex("5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+        assert_eq!(sign(&key(b"Jefe"), b"what do ya want for nothing?").to_vec(), want);
+        assert!(verify(&key(b"Jefe"), b"what do ya want for nothing?", &want));
+        let mut bad = want.clone();
+        bad[31] ^= 1;
+        assert!(!verify(&key(b"Jefe"), b"what do ya want for nothing?", &bad));
+        assert!(!verify(&key(b"Jefe"), b"what do ya want for nothing?", &want[..31]));
+        assert!(!verify(&key(b"other"), b"what do ya want for nothing?", &want));
+    }
+
+    #[test]
+    fn a_daemon_frame_with_a_non_utf8_path_verifies_and_parses() {
+        // What channel.py sends for path=os.fsdecode(b"/tmp/caf\xe9\xff") under key
+        // b"sandbox-key" (json.dumps with separators=(",", ":"); the MAC from Python's hmac).
+        let body = br#"{"id":7,"op":"list_files","path":"/tmp/caf\udce9\udcff"}"#;
+        let mac = unhex("40305644002b0a6bf23ea94ee56456fd99454963173ccec36098d20af928163a");
+        assert!(verify(&key(b"sandbox-key"), body, &mac));
+        let req = wire::parse(body).unwrap();
+        assert_eq!(wire::as_bytes(&req["path"]).unwrap(), b"/tmp/caf\xe9\xff");
+        // The reply names it the same way, signed over exactly the bytes sent.
+        let reply = wire::to_vec(&Obj::new().with("path", wire::bytes(b"/tmp/caf\xe9\xff")).build());
+        assert_eq!(reply, br#"{"path":"/tmp/caf\udce9\udcff"}"#.to_vec());
     }
 }

@@ -41,7 +41,7 @@ pub fn run(limit_bytes: u64) {
             jail::note_peaks();
             reap_bombs(pids_max, &mut full);
         }
-        let Some(total) = jail::memory_usage("").filter(|_| limit_bytes < u64::MAX) else { continue };
+        let total = match jail::memory_usage("").filter(|_| limit_bytes < u64::MAX) { Some(total) => total, _ => continue };
         poll = if total < limit_bytes / 2 { POLL_IDLE } else { POLL };
         if total < limit_bytes {
             continue;

@@ -7,9 +7,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::b64;
 use crate::jail;
-use crate::json::{ObjBuilder, Value};
+use crate::wire::{self, Obj, Value, ValueExt};
 use crate::proc::{self, Launch, Stdin};
 use crate::sys::{self, Fd};
 use crate::Agent;
@@ -63,7 +62,7 @@ impl OpError {
     }
 }
 
-pub(crate) type OpResult = Result<ObjBuilder, OpError>;
+pub(crate) type OpResult = Result<Obj, OpError>;
 
 fn os(b: &[u8]) -> &OsStr {
     OsStr::from_bytes(b)
@@ -83,11 +82,11 @@ pub(crate) fn required<'a>(req: &'a Value, key: &str) -> Result<&'a Value, OpErr
 
 pub(crate) fn str_list(req: &Value, key: &str) -> Result<Vec<Vec<u8>>, OpError> {
     match required(req, key)? {
-        Value::Arr(items) if !items.is_empty() => items
+        Value::Array(items) if !items.is_empty() => items
             .iter()
-            .map(|v| v.as_bytes().map(|b| b.to_vec()).ok_or_else(|| OpError::bad(format!("TypeError: {} must be a list of strings", key))))
+            .map(|v| v.bytes().ok_or_else(|| OpError::bad(format!("TypeError: {} must be a list of strings", key))))
             .collect(),
-        Value::Arr(_) => Err(OpError::bad(format!("IndexError: {} is empty", key))),
+        Value::Array(_) => Err(OpError::bad(format!("IndexError: {} is empty", key))),
         _ => Err(OpError::bad(format!("TypeError: {} must be a list of strings", key))),
     }
 }
@@ -96,10 +95,10 @@ pub(crate) fn str_list(req: &Value, key: &str) -> Result<Vec<Vec<u8>>, OpError> 
 fn str_map(req: &Value, key: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>, OpError> {
     match req.get(key) {
         None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Obj(m)) => m
+        Some(Value::Object(m)) => m
             .iter()
             .map(|(k, v)| match v {
-                Value::Str(s) => Ok((k.clone(), s.clone())),
+                Value::String(s) => Ok((wire::to_bytes(k), wire::to_bytes(s))),
                 _ => Err(OpError::bad(format!("TypeError: {} values must be strings", key))),
             })
             .collect(),
@@ -107,18 +106,18 @@ fn str_map(req: &Value, key: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>, OpError> {
     }
 }
 
-fn opt_bytes<'a>(req: &'a Value, key: &str) -> Result<Option<&'a [u8]>, OpError> {
+fn opt_bytes(req: &Value, key: &str) -> Result<Option<Vec<u8>>, OpError> {
     match req.get_truthy(key) {
         None => Ok(None),
-        Some(Value::Str(s)) => Ok(Some(s)),
+        Some(Value::String(s)) => Ok(Some(wire::to_bytes(s))),
         Some(_) => Err(OpError::bad(format!("TypeError: {} must be a string", key))),
     }
 }
 
 fn path_arg(req: &Value) -> Result<Vec<u8>, OpError> {
     match required(req, "path")? {
-        Value::Str(p) if p.starts_with(b"/") && !p.contains(&0) => Ok(p.clone()),
-        v => Err(OpError::invalid(format!("path {} must be absolute, e.g. /work/a.py", String::from_utf8_lossy(&crate::json::to_vec(v))))),
+        Value::String(p) if p.starts_with('/') && !p.contains('\0') => Ok(wire::to_bytes(p)),
+        v => Err(OpError::invalid(format!("path {} must be absolute, e.g. /work/a.py", String::from_utf8_lossy(&wire::to_vec(v))))),
     }
 }
 
@@ -216,8 +215,8 @@ pub(crate) fn prepare(req: &Value, env: &[(Vec<u8>, Vec<u8>)]) -> Result<Prepare
     };
     let user = match req.get("user") {
         None | Some(Value::Null) => Vec::new(),
-        Some(Value::Str(s)) => s.clone(),
-        Some(v) => crate::json::to_vec(v),
+        Some(Value::String(s)) => wire::to_bytes(s),
+        Some(v) => wire::to_vec(v),
     };
     let creds = proc::resolve_user(&user).map_err(OpError::invalid)?;
     let argv_c = argv.iter().map(|a| cstr(a)).collect::<Result<Vec<_>, _>>()?;
@@ -234,8 +233,9 @@ pub(crate) fn prepare(req: &Value, env: &[(Vec<u8>, Vec<u8>)]) -> Result<Prepare
         }
         _ => {}
     }
-    let Some(path) = resolve_program(&argv[0], env_get(env, b"PATH"), &cwd) else {
-        return Err(Refusal::Exit(127, format!("rollbox: command not found: {}\n", name)));
+    let path = match resolve_program(&argv[0], env_get(env, b"PATH"), &cwd) {
+        Some(path) => path,
+        None => return Err(Refusal::Exit(127, format!("rollbox: command not found: {}\n", name))),
     };
     Ok(Prepared { path: cstr(&path)?, argv: argv_c, env: env_c, cwd: cwd_c, creds })
 }
@@ -249,17 +249,17 @@ pub(crate) fn launch_error(e: io::Error, argv0: &[u8]) -> (i64, String) {
     }
 }
 
-fn spawn_failure(code: i64, message: &str, start: Instant) -> ObjBuilder {
-    ObjBuilder::new()
-        .with("exit_code", Value::Int(code))
+fn spawn_failure(code: i64, message: &str, start: Instant) -> Obj {
+    Obj::new()
+        .with("exit_code", Value::from(code))
         .with("signal", Value::Null)
-        .with("stdout", Value::str(""))
-        .with("stderr", Value::Str(b64::encode(message.as_bytes())))
-        .with("stdout_bytes", Value::Int(0))
-        .with("stderr_bytes", Value::Int(message.len() as i64))
+        .with("stdout", Value::from(""))
+        .with("stderr", wire::b64encode(message.as_bytes()))
+        .with("stdout_bytes", Value::from(0))
+        .with("stderr_bytes", Value::from(message.len() as i64))
         .with("truncated", Value::Bool(false))
         .with("timed_out", Value::Bool(false))
-        .with("duration_s", Value::Float(start.elapsed().as_secs_f64()))
+        .with("duration_s", Value::from(start.elapsed().as_secs_f64()))
 }
 
 pub(crate) fn hex(b: &[u8]) -> String {
@@ -268,14 +268,14 @@ pub(crate) fn hex(b: &[u8]) -> String {
 
 pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
     let start = Instant::now();
-    let timeout = req.get_truthy("timeout").map(|v| v.as_f64().ok_or_else(|| OpError::bad("TypeError: timeout must be a number"))).transpose()?;
+    let timeout = req.get_truthy("timeout").map(|v| v.num().ok_or_else(|| OpError::bad("TypeError: timeout must be a number"))).transpose()?;
     let cap = match req.get("max_output") {
         None | Some(Value::Null) => DEFAULT_MAX_OUTPUT, // 0 keeps nothing (only the byte counts)
-        Some(v) => v.as_f64().ok_or_else(|| OpError::bad("TypeError: max_output must be a number"))?.max(0.0) as u64,
+        Some(v) => v.num().ok_or_else(|| OpError::bad("TypeError: max_output must be a number"))?.max(0.0) as u64,
     };
     let stdin_data = match req.get("stdin") {
         None | Some(Value::Null) => None,
-        Some(Value::Str(s)) => Some(b64::decode(s).map_err(OpError::invalid)?),
+        Some(Value::String(s)) => Some(wire::b64decode(s).map_err(OpError::invalid)?),
         Some(_) => return Err(OpError::bad("TypeError: stdin must be a base64 string")),
     };
     // Random, not the request id: a process must not learn which reply it could try to forge.
@@ -487,25 +487,25 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
         j.release(&needle);
     }
     let [out, err] = bufs;
-    Ok(ObjBuilder::new()
+    Ok(Obj::new()
         .with("exit_code", match status {
-            Some(s) if !timed_out => Value::Int(sys::exit_code_of(s) as i64),
+            Some(s) if !timed_out => Value::from(sys::exit_code_of(s) as i64),
             _ => Value::Null,
         })
         .with("signal", match status.and_then(sys::wait_status_signal) {
-            Some(sig) => Value::Int(sig as i64),
+            Some(sig) => Value::from(sig as i64),
             None => Value::Null,
         })
-        .with("stdout", Value::Str(b64::encode(&out)))
-        .with("stderr", Value::Str(b64::encode(&err)))
-        .with("stdout_bytes", Value::Int(totals[0] as i64))
-        .with("stderr_bytes", Value::Int(totals[1] as i64))
+        .with("stdout", wire::b64encode(&out))
+        .with("stderr", wire::b64encode(&err))
+        .with("stdout_bytes", Value::from(totals[0] as i64))
+        .with("stderr_bytes", Value::from(totals[1] as i64))
         .with("truncated", Value::Bool(totals[0] > cap || totals[1] > cap))
         .with("timed_out", Value::Bool(timed_out))
         .with("pids_limited", Value::Bool(pids_limited))
         // The memory watcher (memwatch.rs) SIGKILLed this exec's tree: exit 137, as Linux's OOM killer.
         .with("oom_killed", Value::Bool(oom_killed && !timed_out))
-        .with("duration_s", Value::Float(start.elapsed().as_secs_f64())))
+        .with("duration_s", Value::from(start.elapsed().as_secs_f64())))
 }
 
 /// Starts a long-running process (an image's entrypoint) without waiting for it; its output
@@ -521,10 +521,10 @@ pub fn op_spawn(a: &Agent, req: &Value) -> OpResult {
         }
         Err(Refusal::Error(e)) => return Err(e),
     };
-    let log = opt_bytes(req, "log")?.unwrap_or(b"/dev/null").to_vec();
+    let log = opt_bytes(req, "log")?.unwrap_or_else(|| b"/dev/null".to_vec());
     let out = fs::OpenOptions::new().append(true).create(true).open(os(&log))
         .map_err(|e| OpError::invalid(format!("cannot start ['{}']: {}", what, OpError::io(e, &log).message)))?;
-    use std::os::fd::AsRawFd;
+    use std::os::unix::io::AsRawFd;
     let launch = Launch {
         path: p.path,
         argv: p.argv,
@@ -537,7 +537,7 @@ pub fn op_spawn(a: &Agent, req: &Value) -> OpResult {
     };
     let (pid, _) = a.reaper.start(false, || proc::launch(&launch))
         .map_err(|e| OpError::invalid(format!("cannot start ['{}']: {}", what, OpError::io(e, b"").message)))?;
-    Ok(ObjBuilder::new().with("pid", Value::Int(pid as i64)))
+    Ok(Obj::new().with("pid", Value::from(pid as i64)))
 }
 
 fn parent(path: &[u8]) -> &[u8] {
@@ -550,30 +550,30 @@ fn parent(path: &[u8]) -> &[u8] {
 
 pub fn op_write_file(req: &Value) -> OpResult {
     let path = match required(req, "path")? {
-        Value::Str(p) => p.clone(),
+        Value::String(p) => wire::to_bytes(p),
         _ => return Err(OpError::bad("TypeError: path must be a string")),
     };
     if path.contains(&0) {
         return Err(OpError::invalid("embedded null byte"));
     }
     if let Some(token) = opt_bytes(req, "upload")? {
-        return write_part(req, &path, token);
+        return write_part(req, &path, &token);
     }
     let dir = parent(&path);
     if !dir.is_empty() {
         fs::create_dir_all(os(dir)).map_err(|e| OpError::io(e, dir))?;
     }
     let data = match required(req, "data")? {
-        Value::Str(s) => b64::decode(s).map_err(OpError::invalid)?,
+        Value::String(s) => wire::b64decode(s).map_err(OpError::invalid)?,
         _ => return Err(OpError::bad("TypeError: data must be a base64 string")),
     };
     let mode = match req.get_truthy("mode") {
         None => 0o644,
-        Some(v) => v.as_f64().ok_or_else(|| OpError::bad("TypeError: mode must be an integer"))? as u32,
+        Some(v) => v.num().ok_or_else(|| OpError::bad("TypeError: mode must be an integer"))? as u32,
     };
     let id = match req.get("id") {
-        Some(Value::Int(i)) => i.to_string(),
-        Some(v) => String::from_utf8_lossy(&crate::json::to_vec(v)).to_string(),
+        Some(Value::Number(i)) if i.is_i64() => i.to_string(),
+        Some(v) => String::from_utf8_lossy(&wire::to_vec(v)).to_string(),
         None => "0".to_string(),
     };
     let mut tmp = path.clone();
@@ -590,7 +590,7 @@ pub fn op_write_file(req: &Value) -> OpResult {
         let _ = fs::remove_file(os(&tmp));
     }
     result?;
-    Ok(ObjBuilder::new().with("size", Value::Int(data.len() as i64)))
+    Ok(Obj::new().with("size", Value::from(data.len() as i64)))
 }
 
 /// One part of a streamed upload (the daemon's PUT .../files/content): part 0 creates the
@@ -605,20 +605,20 @@ fn write_part(req: &Value, path: &[u8], token: &[u8]) -> OpResult {
     tmp.extend_from_slice(token);
     if req.get_truthy("abort").is_some() {
         let _ = fs::remove_file(os(&tmp));
-        return Ok(ObjBuilder::new().with("size", Value::Int(0)));
+        return Ok(Obj::new().with("size", Value::from(0)));
     }
     let data = match req.get("data") {
         None | Some(Value::Null) => Vec::new(),
-        Some(Value::Str(s)) => b64::decode(s).map_err(OpError::invalid)?,
+        Some(Value::String(s)) => wire::b64decode(s).map_err(OpError::invalid)?,
         Some(_) => return Err(OpError::bad("TypeError: data must be a base64 string")),
     };
     let part = match req.get_truthy("part") {
         None => 0,
-        Some(v) => v.as_f64().ok_or_else(|| OpError::bad("TypeError: part must be an integer"))? as u64,
+        Some(v) => v.num().ok_or_else(|| OpError::bad("TypeError: part must be an integer"))? as u64,
     };
     let mode = match req.get_truthy("mode") {
         None => 0o644,
-        Some(v) => v.as_f64().ok_or_else(|| OpError::bad("TypeError: mode must be an integer"))? as u32,
+        Some(v) => v.num().ok_or_else(|| OpError::bad("TypeError: mode must be an integer"))? as u32,
     };
     let last = req.get_truthy("last").is_some();
     let result = (|| -> Result<(), OpError> {
@@ -642,14 +642,14 @@ fn write_part(req: &Value, path: &[u8], token: &[u8]) -> OpResult {
         let _ = fs::remove_file(os(&tmp));
     }
     result?;
-    Ok(ObjBuilder::new().with("size", Value::Int(data.len() as i64)))
+    Ok(Obj::new().with("size", Value::from(data.len() as i64)))
 }
 
 pub fn op_read_file(req: &Value) -> OpResult {
     let path = path_arg(req)?;
     let limit = match req.get_truthy("max_bytes") {
         None => DEFAULT_MAX_READ,
-        Some(v) => v.as_f64().ok_or_else(|| OpError::bad("TypeError: max_bytes must be an integer"))?.max(0.0) as u64,
+        Some(v) => v.num().ok_or_else(|| OpError::bad("TypeError: max_bytes must be an integer"))?.max(0.0) as u64,
     };
     let p = String::from_utf8_lossy(&path).to_string();
     // Regular files only: reading a FIFO, a device or /proc/self/fd/0 (our own channel!)
@@ -664,16 +664,15 @@ pub fn op_read_file(req: &Value) -> OpResult {
         return Err(OpError::invalid(format!("{} is not a regular file", p)));
     }
     if let Some(off) = req.get_truthy("offset").or_else(|| match req.get("offset") {
-        Some(v @ Value::Int(0)) => Some(v),
+        Some(v @ Value::Number(_)) if v.as_i64() == Some(0) => Some(v),
         _ => None,
     }) {
         // A streamed download: one range, no size limit.
-        let off = off.as_f64().ok_or_else(|| OpError::bad("TypeError: offset must be an integer"))?.max(0.0) as u64;
+        let off = off.num().ok_or_else(|| OpError::bad("TypeError: offset must be an integer"))?.max(0.0) as u64;
         let len = match req.get_truthy("length") {
             None => 4 << 20,
-            Some(v) => v.as_f64().ok_or_else(|| OpError::bad("TypeError: length must be an integer"))?.max(0.0) as usize,
+            Some(v) => v.num().ok_or_else(|| OpError::bad("TypeError: length must be an integer"))?.max(0.0) as usize,
         };
-        use std::os::fd::AsRawFd;
         use std::os::unix::fs::FileExt;
         sys::set_nonblocking(f.as_raw_fd(), false);
         let mut buf = vec![0u8; len];
@@ -686,16 +685,16 @@ pub fn op_read_file(req: &Value) -> OpResult {
             got += n;
         }
         buf.truncate(got);
-        return Ok(ObjBuilder::new().with("data", Value::Str(b64::encode(&buf))).with("size", Value::Int(st.len() as i64)));
+        return Ok(Obj::new().with("data", wire::b64encode(&buf)).with("size", Value::from(st.len() as i64)));
     }
     if st.len() > limit {
         return Err(OpError::invalid(format!("file {} is {} bytes, over the {}-byte read limit", p, st.len(), limit)));
     }
-    use std::os::fd::AsRawFd;
+    use std::os::unix::io::AsRawFd;
     sys::set_nonblocking(f.as_raw_fd(), false);
     let mut data = Vec::with_capacity(st.len() as usize);
     f.take(limit + 1).read_to_end(&mut data).map_err(|e| OpError::io(e, &path))?;
-    Ok(ObjBuilder::new().with("data", Value::Str(b64::encode(&data))))
+    Ok(Obj::new().with("data", wire::b64encode(&data)))
 }
 
 pub fn op_list_files(req: &Value) -> OpResult {
@@ -710,20 +709,20 @@ pub fn op_list_files(req: &Value) -> OpResult {
             full.push(b'/');
         }
         full.extend_from_slice(&name);
-        let Ok(st) = fs::symlink_metadata(os(&full)) else { continue }; // gone meanwhile
+        let st = match fs::symlink_metadata(os(&full)) { Ok(st) => st, _ => continue }; // gone meanwhile
         let mtime = st.mtime() as f64 + st.mtime_nsec() as f64 / 1e9;
-        let entry = ObjBuilder::new()
-            .with("name", Value::Str(name.clone()))
-            .with("path", Value::Str(full))
+        let entry = Obj::new()
+            .with("name", wire::bytes(&name))
+            .with("path", wire::bytes(&full))
             .with("is_dir", Value::Bool(st.is_dir()))
-            .with("size", Value::Int(st.size() as i64))
-            .with("mode", Value::Int(st.mode() as i64))
-            .with("mtime", Value::Float(mtime))
+            .with("size", Value::from(st.size() as i64))
+            .with("mode", Value::from(st.mode() as i64))
+            .with("mtime", Value::from(mtime))
             .build();
         entries.push((name, entry));
     }
     entries.sort_by(|x, y| x.0.cmp(&y.0));
-    Ok(ObjBuilder::new().with("entries", Value::Arr(entries.into_iter().map(|(_, v)| v).collect())))
+    Ok(Obj::new().with("entries", Value::Array(entries.into_iter().map(|(_, v)| v).collect())))
 }
 
 /// True when `path` (absolute) names the root directory, however it is spelled ("//", "/a/..").
@@ -753,7 +752,7 @@ pub fn op_remove(req: &Value) -> OpResult {
     } else {
         fs::remove_file(os(&path)).map_err(|e| OpError::io(e, &path))?;
     }
-    Ok(ObjBuilder::new())
+    Ok(Obj::new())
 }
 
 /// Per-copy identity after a restore/fork: env for later execs, fresh entropy, hostname.
@@ -761,9 +760,9 @@ pub fn op_identity(a: &Agent, req: &Value) -> OpResult {
     let env = str_map(req, "env")?;
     *a.identity.lock().unwrap() = env;
     let restored = opt_bytes(req, "entropy")?.is_some();
-    if let Some(seed) = opt_bytes(req, "entropy")? {
+    if let Some(seed) = req.get_truthy("entropy").and_then(Value::as_str) {
         // Mixing fresh host entropy in; gVisor's getrandom already reads host entropy.
-        if let Ok(bytes) = b64::decode(seed) {
+        if let Ok(bytes) = wire::b64decode(seed) {
             if let Ok(mut f) = fs::OpenOptions::new().write(true).open("/dev/urandom") {
                 let _ = f.write_all(&bytes);
             }
@@ -781,7 +780,7 @@ pub fn op_identity(a: &Agent, req: &Value) -> OpResult {
     if restored {
         run_restore_hook(a);
     }
-    Ok(ObjBuilder::new())
+    Ok(Obj::new())
 }
 
 /// The opt-in reseed hook: a restored copy's processes keep the random state they had at the
@@ -810,10 +809,10 @@ fn run_restore_hook(a: &Agent) {
 }
 
 pub fn op_ping() -> OpResult {
-    Ok(ObjBuilder::new()
-        .with("pid", Value::Int(unsafe { sys::getpid() } as i64))
-        .with("protocol", Value::Int(PROTOCOL))
-        .with("time", Value::Float(now_unix())))
+    Ok(Obj::new()
+        .with("pid", Value::from(unsafe { sys::getpid() } as i64))
+        .with("protocol", Value::from(PROTOCOL))
+        .with("time", Value::from(now_unix())))
 }
 
 #[cfg(test)]

@@ -1,13 +1,14 @@
 //! Starting processes, reaping every child (we are PID 1), and killing a whole exec's tree.
 
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, CString};
+use libc::{c_char, c_int};
+use std::ffi::CString;
 use std::io;
 use std::ptr;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use crate::sys::{self, Opaque, SigSet};
+use crate::sys;
 
 /// The exit status of one pid that an exec waits for, filled in by the reaper.
 pub struct Waiter {
@@ -165,8 +166,8 @@ pub fn launch_tty(l: &Launch) -> io::Result<sys::pid_t> {
 
 fn spawn(l: &Launch, argv: &[*const c_char], envp: &[*const c_char]) -> io::Result<sys::pid_t> {
     unsafe {
-        let mut fa = Opaque([0; 512]);
-        let mut attr = Opaque([0; 512]);
+        let mut fa: sys::posix_spawn_file_actions_t = std::mem::zeroed();
+        let mut attr: sys::posix_spawnattr_t = std::mem::zeroed();
         sys::posix_spawn_file_actions_init(&mut fa);
         sys::posix_spawnattr_init(&mut attr);
         let devnull = b"/dev/null\0";
@@ -181,15 +182,17 @@ fn spawn(l: &Launch, argv: &[*const c_char], envp: &[*const c_char]) -> io::Resu
         sys::posix_spawn_file_actions_adddup2(&mut fa, l.stdout, 1);
         sys::posix_spawn_file_actions_adddup2(&mut fa, l.stderr, 2);
         sys::posix_spawn_file_actions_addchdir_np(&mut fa, l.cwd.as_ptr());
-        let mut empty = SigSet([0; 16]);
-        let mut all = SigSet([0; 16]);
+        let mut empty: sys::sigset_t = std::mem::zeroed();
+        let mut all: sys::sigset_t = std::mem::zeroed();
         sys::sigemptyset(&mut empty);
         sys::sigfillset(&mut all);
         sys::posix_spawnattr_setsigmask(&mut attr, &empty);
         sys::posix_spawnattr_setsigdefault(&mut attr, &all);
-        sys::posix_spawnattr_setflags(&mut attr, sys::POSIX_SPAWN_SETSID | sys::POSIX_SPAWN_SETSIGMASK | sys::POSIX_SPAWN_SETSIGDEF);
+        sys::posix_spawnattr_setflags(&mut attr, (sys::POSIX_SPAWN_SETSID | sys::POSIX_SPAWN_SETSIGMASK | sys::POSIX_SPAWN_SETSIGDEF) as libc::c_short);
         let mut pid: sys::pid_t = 0;
-        let rc = sys::posix_spawn(&mut pid, l.path.as_ptr(), &fa, &attr, argv.as_ptr(), envp.as_ptr());
+        // libc declares argv/envp as *const *mut c_char (POSIX's char *const[]); nothing is written through them.
+        let rc = sys::posix_spawn(&mut pid, l.path.as_ptr(), &fa, &attr, argv.as_ptr() as *const *mut c_char,
+                                  envp.as_ptr() as *const *mut c_char);
         sys::posix_spawn_file_actions_destroy(&mut fa);
         sys::posix_spawnattr_destroy(&mut attr);
         if rc != 0 {
@@ -223,7 +226,7 @@ fn fork_exec(l: &Launch, argv: &[*const c_char], envp: &[*const c_char], creds: 
                     sys::signal(sig, sys::SIG_DFL);
                 }
             }
-            let empty = SigSet([0; 16]);
+            let empty: sys::sigset_t = std::mem::zeroed(); // all-zero: the empty set
             sys::sigprocmask(sys::SIG_SETMASK, &empty, ptr::null_mut());
             let fd0 = match l.stdin {
                 Stdin::DevNull => sys::open(devnull.as_ptr() as *const c_char, sys::O_RDONLY),
@@ -266,14 +269,14 @@ fn fork_exec(l: &Launch, argv: &[*const c_char], envp: &[*const c_char], creds: 
 pub fn marked_pids(needle: &[u8]) -> Vec<sys::pid_t> {
     let me = unsafe { sys::getpid() };
     let mut found = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else { return found };
+    let dir = match std::fs::read_dir("/proc") { Ok(dir) => dir, _ => return found };
     for e in dir.flatten() {
         let name = e.file_name();
-        let Some(pid) = name.to_str().and_then(|s| s.parse::<sys::pid_t>().ok()) else { continue };
+        let pid = match name.to_str().and_then(|s| s.parse::<sys::pid_t>().ok()) { Some(pid) => pid, _ => continue };
         if pid == 1 || pid == me {
             continue;
         }
-        let Ok(env) = std::fs::read(format!("/proc/{}/environ", pid)) else { continue };
+        let env = match std::fs::read(format!("/proc/{}/environ", pid)) { Ok(env) => env, _ => continue };
         if env.split(|&b| b == 0).any(|entry| entry == needle) {
             found.push(pid);
         }

@@ -5,11 +5,11 @@
 //! Protocol: /work/notes/proc-spec.md (the same fields, replies and error kinds as agent.py).
 
 use std::collections::HashMap;
-use std::ffi::c_int;
+use libc::c_int;
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::json::{ObjBuilder, Value};
+use crate::wire::{self, Obj, Value, ValueExt};
 use crate::ops::{self, OpError, OpResult, Refusal};
 use crate::proc::{self, Launch, Stdin, Waiter};
 use crate::retain::{self, Stream};
@@ -111,8 +111,8 @@ impl Table {
     }
 
     pub(crate) fn get(&self, req: &Value) -> Result<Arc<Proc>, OpError> {
-        let pid = req.get("pid").and_then(|v| v.as_f64()).ok_or_else(|| OpError::new("process_not_found",
-            format!("pid {} is not a process id", String::from_utf8_lossy(&crate::json::to_vec(req.get("pid").unwrap_or(&Value::Null))))))?;
+        let pid = req.get("pid").and_then(|v| v.num()).ok_or_else(|| OpError::new("process_not_found",
+            format!("pid {} is not a process id", String::from_utf8_lossy(&wire::to_vec(req.get("pid").unwrap_or(&Value::Null))))))?;
         self.pruned().get(&(pid as sys::pid_t)).cloned().ok_or_else(|| OpError::new("process_not_found",
             format!("no process with pid {} in this sandbox: it was not started with process.exec, or it ended \
                      more than {} s (or {} ended processes) ago", pid as i64, FORGET_AFTER_S as i64, KEEP_ENDED)))
@@ -132,7 +132,7 @@ struct Started {
 pub(crate) fn num(req: &Value, key: &str, default: f64) -> Result<f64, OpError> {
     match req.get(key) {
         None | Some(Value::Null) => Ok(default),
-        Some(v) => v.as_f64().ok_or_else(|| OpError::bad(format!("TypeError: {} must be a number", key))),
+        Some(v) => v.num().ok_or_else(|| OpError::bad(format!("TypeError: {} must be a number", key))),
     }
 }
 
@@ -242,7 +242,7 @@ pub fn op_start(a: &Agent, req: &Value) -> OpResult {
     a.procs.pruned().insert(pid, entry.clone());
     let deadline = (timeout > 0.0).then(|| Instant::now() + Duration::from_secs_f64(timeout.min(1e9)));
     let _ = tx.send(Started { proc: entry, waiter, fds, _own: keep, deadline });
-    Ok(ObjBuilder::new().with("pid", Value::Int(pid as i64)).with("started_at", Value::Float(started_at)))
+    Ok(Obj::new().with("pid", Value::from(pid as i64)).with("started_at", Value::from(started_at)))
 }
 
 /// Reads what `fd` has into `stream`. False at EOF (a pty master says EIO once no slave is open).
@@ -347,10 +347,13 @@ fn pump(s: Started) {
         }
         for pfd in &pfds {
             if pfd.revents != 0 {
-                let Some(i) = fds.iter().position(|f| *f == Some(pfd.fd)) else {
-                    let mut b = [0u8; 16];
-                    unsafe { sys::read(pfd.fd, b.as_mut_ptr() as *mut _, b.len()) }; // the wake-up
-                    continue;
+                let i = match fds.iter().position(|f| *f == Some(pfd.fd)) {
+                    Some(i) => i,
+                    None => {
+                        let mut b = [0u8; 16];
+                        unsafe { sys::read(pfd.fd, b.as_mut_ptr() as *mut _, b.len()) }; // the wake-up
+                        continue;
+                    }
                 };
                 if !drain(&p, pfd.fd, i, &mut chunk) {
                     fds[i] = None;

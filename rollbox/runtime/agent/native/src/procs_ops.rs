@@ -1,12 +1,11 @@
 //! The `proc_*` ops other than `proc_start` (procs.rs): reads (long polls on the process's
 //! Condvar), stdin writes, signals, terminal resizes, the list and one entry of it.
 
-use std::ffi::c_int;
+use libc::c_int;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::b64;
-use crate::json::{ObjBuilder, Value};
+use crate::wire::{self, Obj, Value, ValueExt};
 use crate::ops::{OpError, OpResult};
 use crate::procs::{num, win, Proc, State};
 use crate::proc;
@@ -22,23 +21,23 @@ const WRITE_WAIT: Duration = Duration::from_secs(5);
 fn stream_reply(s: &Stream, offset: u64, max: usize, finished: bool) -> Value {
     let r = s.read(offset, max);
     let end = r.offset + r.data.len() as u64;
-    ObjBuilder::new()
-        .with("data", Value::Str(b64::encode(&r.data)))
-        .with("offset", Value::Int(r.offset as i64))
-        .with("total", Value::Int(s.total() as i64))
+    Obj::new()
+        .with("data", wire::b64encode(&r.data))
+        .with("offset", Value::from(r.offset as i64))
+        .with("total", Value::from(s.total() as i64))
         .with("truncated", Value::Bool(r.truncated))
         .with("eof", Value::Bool(finished && end >= s.total()))
         .build()
 }
 
 /// The exit fields every reply about a process carries.
-fn exit_fields(b: ObjBuilder, st: &State) -> ObjBuilder {
+fn exit_fields(b: Obj, st: &State) -> Obj {
     let code = match st.status {
-        Some(s) if !st.timed_out => Value::Int(sys::exit_code_of(s) as i64),
+        Some(s) if !st.timed_out => Value::from(sys::exit_code_of(s) as i64),
         _ => Value::Null,
     };
     let signal = match st.status.and_then(sys::wait_status_signal) {
-        Some(sig) => Value::Int(sig as i64),
+        Some(sig) => Value::from(sig as i64),
         None => Value::Null,
     };
     b.with("exit_code", code).with("signal", signal).with("timed_out", Value::Bool(st.timed_out))
@@ -64,8 +63,8 @@ pub fn op_read(a: &Agent, req: &Value) -> OpResult {
         }
         st = p.cv.wait_timeout(st, left).unwrap().0;
     }
-    let b = ObjBuilder::new()
-        .with("pid", Value::Int(p.pid as i64))
+    let b = Obj::new()
+        .with("pid", Value::from(p.pid as i64))
         .with("stdout", stream_reply(&st.out, off_out, max, st.finished))
         .with("stderr", stream_reply(&st.err, off_err, max, st.finished))
         .with("pids_limited", Value::Bool(st.pids_limited))
@@ -81,14 +80,15 @@ pub fn op_write(a: &Agent, req: &Value) -> OpResult {
     let p = a.procs.get(req)?;
     let data = match req.get("data") {
         None | Some(Value::Null) => Vec::new(),
-        Some(Value::Str(s)) => b64::decode(s).map_err(OpError::invalid)?,
+        Some(Value::String(s)) => wire::b64decode(s).map_err(OpError::invalid)?,
         Some(_) => return Err(OpError::bad("TypeError: data must be a base64 string")),
     };
     let close = req.get_truthy("close").is_some();
     let mut input = p.input.lock().unwrap();
-    let Some(fd) = input.as_ref().map(|i| i.fd()) else {
-        return Err(OpError::new("stdin_closed", format!(
-            "the stdin of process {} is closed (by an earlier write with close=True, or the process ended)", p.pid)));
+    let fd = match input.as_ref().map(|i| i.fd()) {
+        Some(fd) => fd,
+        None => return Err(OpError::new("stdin_closed", format!(
+            "the stdin of process {} is closed (by an earlier write with close=True, or the process ended)", p.pid))),
     };
     let give_up = Instant::now() + WRITE_WAIT;
     let mut off = 0;
@@ -122,7 +122,7 @@ pub fn op_write(a: &Agent, req: &Value) -> OpResult {
         }
         *input = None;
     }
-    Ok(ObjBuilder::new().with("pid", Value::Int(p.pid as i64)).with("written", Value::Int(off as i64)))
+    Ok(Obj::new().with("pid", Value::from(p.pid as i64)).with("written", Value::from(off as i64)))
 }
 
 pub fn op_kill(a: &Agent, req: &Value) -> OpResult {
@@ -141,48 +141,47 @@ pub fn op_kill(a: &Agent, req: &Value) -> OpResult {
     } else {
         proc::signal_tree(p.pid, &p.needle, sig as c_int)
     };
-    Ok(ObjBuilder::new().with("pid", Value::Int(p.pid as i64)).with("killed", Value::Int(killed as i64)))
+    Ok(Obj::new().with("pid", Value::from(p.pid as i64)).with("killed", Value::from(killed as i64)))
 }
 
 pub fn op_resize(a: &Agent, req: &Value) -> OpResult {
     let p = a.procs.get(req)?;
     let (cols, rows) = (win(req, "cols", 80.0)?, win(req, "rows", 24.0)?);
-    let Some(m) = &p.master else {
-        return Err(OpError::new("not_a_pty", format!("process {} has no terminal to resize: start it with pty=True", p.pid)));
+    let m = match &p.master {
+        Some(m) => m,
+        None => return Err(OpError::new("not_a_pty", format!("process {} has no terminal to resize: start it with pty=True", p.pid))),
     };
     sys::set_winsize(m.0, cols, rows);
-    Ok(ObjBuilder::new().with("pid", Value::Int(p.pid as i64)))
+    Ok(Obj::new().with("pid", Value::from(p.pid as i64)))
 }
 
 fn entry(p: &Proc) -> Value {
     let st = p.state.lock().unwrap();
-    let b = ObjBuilder::new()
-        .with("pid", Value::Int(p.pid as i64))
-        .with("argv", Value::Arr(p.argv.iter().map(|a| Value::Str(a.clone())).collect()))
-        .with("cwd", Value::Str(p.cwd.clone()))
+    let b = Obj::new()
+        .with("pid", Value::from(p.pid as i64))
+        .with("argv", Value::Array(p.argv.iter().map(|a| wire::bytes(a)).collect()))
+        .with("cwd", wire::bytes(&p.cwd))
         .with("user", p.user.clone())
         .with("pty", Value::Bool(p.master.is_some()))
         // The main process not yet reaped.
         .with("running", Value::Bool(st.status.is_none() && !st.finished))
-        .with("started_at", Value::Float(p.started_at))
-        .with("ended_at", st.ended_at.map(Value::Float).unwrap_or(Value::Null))
-        .with("stdout_total", Value::Int(st.out.total() as i64))
-        .with("stderr_total", Value::Int(st.err.total() as i64));
+        .with("started_at", Value::from(p.started_at))
+        .with("ended_at", st.ended_at.map(Value::from).unwrap_or(Value::Null))
+        .with("stdout_total", Value::from(st.out.total() as i64))
+        .with("stderr_total", Value::from(st.err.total() as i64));
     exit_fields(b, &st).build()
 }
 
 pub fn op_list(a: &Agent) -> OpResult {
     let mut procs: Vec<Arc<Proc>> = a.procs.pruned().values().cloned().collect();
     procs.sort_by(|x, y| x.started_at.partial_cmp(&y.started_at).unwrap_or(std::cmp::Ordering::Equal));
-    Ok(ObjBuilder::new().with("processes", Value::Arr(procs.iter().map(|p| entry(p)).collect())))
+    Ok(Obj::new().with("processes", Value::Array(procs.iter().map(|p| entry(p)).collect())))
 }
 
 pub fn op_status(a: &Agent, req: &Value) -> OpResult {
     let p = a.procs.get(req)?;
-    let Value::Obj(fields) = entry(&p) else { unreachable!() };
-    let mut b = ObjBuilder::new();
-    for (k, v) in fields {
-        b.set(&String::from_utf8_lossy(&k), v);
+    match entry(&p) {
+        Value::Object(fields) => Ok(Obj(fields)),
+        _ => unreachable!("entry() makes an object"),
     }
-    Ok(b)
 }

@@ -5,7 +5,8 @@
 //! on fd 3. Requests are relayed as their raw signed frames and the zygote's frames copied
 //! back to the daemon, so the zygote verifies and signs with the same key as the agent.
 
-use std::ffi::{c_int, CString};
+use libc::c_int;
+use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Mutex;
 
@@ -75,7 +76,7 @@ impl ZygoteLink {
                 if n != 1 || go[0] != b'S' {
                     sys::_exit(0);
                 }
-                let Some(python) = python else { sys::_exit(127) };
+                let python = match python { Some(python) => python, _ => sys::_exit(127) };
                 let mut kp = [0 as c_int; 2];
                 if sys::pipe2(kp.as_mut_ptr(), 0) != 0 {
                     sys::_exit(127);
@@ -90,7 +91,7 @@ impl ZygoteLink {
                 }
                 let u = CString::new("-u").unwrap();
                 let argv = [python.as_ptr(), u.as_ptr(), script.as_ptr(), std::ptr::null()];
-                let mut envp: Vec<*const std::ffi::c_char> = env.iter().map(|c| c.as_ptr()).collect();
+                let mut envp: Vec<*const libc::c_char> = env.iter().map(|c| c.as_ptr()).collect();
                 envp.push(std::ptr::null());
                 sys::execve(python.as_ptr(), argv.as_ptr(), envp.as_ptr());
                 sys::_exit(127);
