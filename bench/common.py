@@ -10,7 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SHARED_HOME = Path("/var/lib/rollbox")
+# The daemon's state directory (ROLLBOX_HOME, as rollbox.config reads it): its base image is
+# what the raw loops run.
+SHARED_HOME = Path(os.environ.get("ROLLBOX_HOME") or "/var/lib/rollbox")
 IMAGE_ID = "im-debian-bookworm"
 IMAGE_ROOTFS = SHARED_HOME / "images" / IMAGE_ID / "rootfs"
 # ROLLBOX_BENCH_WORK: a private work directory (and cgroup parent), so that two benches on one

@@ -399,8 +399,10 @@ def demo_humaneval(concurrency: int = typer.Option(8, help="episodes at once"),
     from ..demos.humaneval import run_demo
     if isolation not in ("container", "sandbox"):
         raise errors.InvalidArgument(f"--isolation {isolation!r}: use container or sandbox")
-    run_demo(concurrency=concurrency, limit=limit, results_path=results, timeout=timeout, warm=warm,
-             isolation=isolation)
+    summary = run_demo(concurrency=concurrency, limit=limit, results_path=results, timeout=timeout, warm=warm,
+                       isolation=isolation)
+    if summary.get("breached"):
+        raise typer.Exit(1)  # `make demo` fails when containment did
 
 
 @app.command("serve-fusion")
@@ -438,7 +440,7 @@ def top(interval: float = typer.Option(1.0, help="seconds between refreshes"),
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def bench(ctx: typer.Context,
-          quick: bool = typer.Option(False, "--quick", help="fewer samples, no scale tests (< 2 min)")) -> None:
+          quick: bool = typer.Option(False, "--quick", help="fewer samples, no scale tests (~5-8 min on a quiet 2-core host)")) -> None:
     """Run the benchmark (bench/bench.py in the source tree): one table, then one JSON line.
     Extra arguments go to the benchmark (e.g. --shared-daemon); `rollbox bench humaneval` runs
     only its HumanEval section (bench/humaneval.py), `rollbox bench fusion` HumanEval through

@@ -56,10 +56,11 @@ ADVERSARIAL: dict[str, tuple[str, tuple[str, ...]]] = {
                   "        except OSError:\n            pass\n", ("timeout", "oom")),
     "rm_rf_root": ("    import shutil, os\n    for d in os.listdir('/'):\n"
                    "        shutil.rmtree('/' + d, ignore_errors=True)\n"
-                   f"    open({HOST_CANARY!r}, 'w').write('escaped')\n    return None\n", ("ok", "error")),
+                   f"    open({HOST_CANARY!r}, 'w').write('escaped')\n    return None\n",
+                   ("ok", "error", "timeout")),  # removing a whole root can outlast the limit on a busy host
     # A sandbox of its own runs out of memory (oom); a container's address-space limit makes
     # the allocation fail inside the program instead (MemoryError: ok, reward 0).
-    "alloc_4gib": ("    x = bytearray(4 * 1024 ** 3)\n    return x\n", ("oom", "ok")),
+    "alloc_4gib": ("    x = bytearray(4 * 1024 ** 3)\n    return x\n", ("oom", "ok", "timeout")),
     "leave_tmp_file": (f"    open({LEAK_MARKER!r}, 'w').write('left by an earlier episode')\n    return None\n",
                        ("ok",)),
     "invalid_utf8": ("    import sys\n    sys.stdout.buffer.write(b'\\xff\\xfe\\xfa invalid utf-8 \\xc3\\x28\\n')\n"
@@ -208,6 +209,11 @@ def run_demo(*, concurrency: int = 8, limit: int | None = None, results_path: st
         "results_file": str(Path(results_path).resolve()),
     }
     print(json.dumps(summary), flush=True)
-    if canonical_passed != len(canonical) or contained != len(adversarial):
-        sys.stdout.flush()
+    summary["breached"] = bool(host_escape or leaks or not daemon_ok)
+    if summary["breached"]:
+        print("CONTAINMENT FAILED: an episode reached the host, saw an earlier episode's trace or took the "
+              "daemon down", file=sys.stderr, flush=True)
+    elif canonical_passed != len(canonical) or contained != len(adversarial):
+        print("note: some programs ended with a status other than the one expected (see the table; a busy host "
+              "makes slow programs time out); nothing crossed an isolation boundary", file=sys.stderr, flush=True)
     return summary

@@ -218,9 +218,9 @@ class Image:
         c = client or default_client()
         # A first build runs its steps (minutes for apt/pip); a cached one answers at once. Say
         # so on stderr when it takes a while, instead of a silent wait.
-        notice = threading.Timer(BUILD_NOTICE_S, lambda: print(
-            f"rollbox: building image ({len(self.steps)} step(s) not cached yet; each runs once, then is "
-            "cached)...", file=sys.stderr, flush=True))
+        what = (f"building image ({len(self.steps)} step(s) not cached yet; each runs once, then is cached)"
+                if self.steps else "fetching the base image (once; then it is stored)")
+        notice = threading.Timer(BUILD_NOTICE_S, lambda: print(f"rollbox: {what}...", file=sys.stderr, flush=True))
         notice.daemon = True
         notice.start()
         try:
