@@ -329,15 +329,39 @@ def _mem_available_mib() -> float:
     return 0.0
 
 
+def _host_processes() -> int:
+    return sum(1 for p in os.listdir("/proc") if p.isdigit())
+
+
+def wait_paused(ids: list[str], wait_s: float) -> tuple[float, int]:
+    """Waits until every sandbox of `ids` is paused (auto-pause) or `wait_s` passed; returns
+    the seconds waited and how many are paused then."""
+    t0, want, paused = time.monotonic(), set(ids), 0
+    while True:
+        rows = default_client().request("GET", "/sandboxes")
+        paused = sum(1 for r in rows if r["sandbox_id"] in want and r["state"] == "paused")
+        if paused == len(want) or time.monotonic() - t0 > wait_s:
+            return time.monotonic() - t0, paused
+        time.sleep(0.5)
+
+
 def idle_density(snap: str, limit: int = 600, batch: int = 25, floor_mib: float = 2048,
-                 wall_s: float = 600, auto_pause_seconds: float | None = None) -> dict[str, Any]:
+                 wall_s: float = 600, auto_pause_seconds: float | None = None,
+                 settle_s: float = 120) -> dict[str, Any]:
     """Restores sandboxes and keeps them idle, `batch` at a time; stops when the batch's restore
-    p50 is twice the first batch's, MemAvailable < floor_mib, `limit` is reached or `wall_s`
-    passed. Terminates them all before returning. With `auto_pause_seconds`, each is restored
-    with that auto-pause delay (the daemon pauses it to disk once idle)."""
+    p50 is twice the first batch's (restored on an empty host), MemAvailable < floor_mib,
+    `limit` is reached or `wall_s` passed. Terminates them all before returning.
+
+    With `auto_pause_seconds`, each is restored with that auto-pause delay (the daemon pauses
+    it to disk once idle) and, before the next batch is measured, the kept ones are left to
+    settle: up to `settle_s` seconds until all are paused (each batch reports how long that
+    took and how many were paused), so a batch's restores are measured against idle paused
+    sandboxes, not against the checkpoints of the previous batch. At the end a few of the
+    paused ones are resumed (`resume_p50_ms`: the next call's latency on a paused sandbox)."""
     kept: list[SandboxInstance] = []
     base: float | None = None
     reason, batches = "limit", []
+    resume: list[float] = []
     t_end = time.monotonic() + wall_s
     try:
         while len(kept) < limit:
@@ -351,8 +375,13 @@ def idle_density(snap: str, limit: int = 600, batch: int = 25, floor_mib: float 
                 kept.append(sb)
             p50 = pct(lat, .5)
             base = base or p50
-            batches.append({"n": len(kept), "ttfc_p50_ms": round(p50, 1), "mem_available_mib": round(_mem_available_mib())})
-            log(f"idle density: {len(kept)} sandboxes, restore p50 {p50:.0f} ms (first batch {base:.0f})")
+            row: dict[str, Any] = {"n": len(kept), "ttfc_p50_ms": round(p50, 1)}
+            if auto_pause_seconds is not None:
+                waited, paused = wait_paused([s.sandbox_id for s in kept], settle_s)
+                row |= {"settle_s": round(waited, 1), "paused": paused}
+            row |= {"mem_available_mib": round(_mem_available_mib()), "host_processes": _host_processes()}
+            batches.append(row)
+            log(f"idle density: {row} (first batch {base:.0f} ms)")
             if p50 > 2 * base:
                 reason = "latency doubled"
                 break
@@ -362,8 +391,16 @@ def idle_density(snap: str, limit: int = 600, batch: int = 25, floor_mib: float 
             if time.monotonic() > t_end:
                 reason = "wall budget"
                 break
+        if auto_pause_seconds is not None:
+            for sb in kept[:5]:
+                t0 = time.perf_counter()
+                sb.exec("true")
+                resume.append((time.perf_counter() - t0) * 1000)
     finally:
         with cf.ThreadPoolExecutor(8) as ex:
             list(ex.map(lambda s: _safe(lambda: s.terminate() is None), kept))
     reached = len(kept) if reason != "latency doubled" else len(kept) - batch
-    return {"max_idle_sandboxes": max(0, reached), "stopped_by": reason, "batches": batches}
+    out: dict[str, Any] = {"max_idle_sandboxes": max(0, reached), "stopped_by": reason, "batches": batches}
+    if resume:
+        out["resume_p50_ms"] = round(pct(resume, .5), 1)
+    return out
