@@ -329,6 +329,18 @@ def _mem_available_mib() -> float:
     return 0.0
 
 
+def _tree_bytes(root: Path) -> int:
+    """Bytes in the files under `root` (what they take on disk, sparse files as allocated)."""
+    total = 0
+    for d, _dirs, files in os.walk(root):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(d, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
 def _host_processes() -> int:
     return sum(1 for p in os.listdir("/proc") if p.isdigit())
 
@@ -379,7 +391,8 @@ def idle_density(snap: str, limit: int = 600, batch: int = 25, floor_mib: float 
             row: dict[str, Any] = {"n": len(kept), "ttfc_p50_ms": round(p50, 1)}
             if auto_pause_seconds is not None:
                 waited, paused = wait_paused([s.sandbox_id for s in kept], settle_s)
-                row |= {"settle_s": round(waited, 1), "paused": paused}
+                row |= {"settle_s": round(waited, 1), "paused": paused,
+                        "snapshots_disk_mib": round(_tree_bytes(Paths.from_env().snapshots) / 2**20)}
             row |= {"mem_available_mib": round(_mem_available_mib()), "host_processes": _host_processes()}
             batches.append(row)
             log(f"idle density: {row} (first batch {base:.0f} ms)")
