@@ -330,14 +330,18 @@ def _mem_available_mib() -> float:
 
 
 def _tree_bytes(root: Path) -> int:
-    """Bytes in the files under `root` (what they take on disk, sparse files as allocated)."""
-    total = 0
+    """Bytes the files under `root` take on disk (sparse files as allocated; a file hard-linked
+    several times, e.g. each snapshot's pinned agent, once)."""
+    total, seen = 0, set()
     for d, _dirs, files in os.walk(root):
         for f in files:
             try:
-                total += os.lstat(os.path.join(d, f)).st_blocks * 512
+                st = os.lstat(os.path.join(d, f))
             except OSError:
-                pass
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
     return total
 
 
