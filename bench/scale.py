@@ -399,7 +399,8 @@ def idle_density(snap: str, limit: int = 600, batch: int = 25, floor_mib: float 
                 waited, paused = wait_paused([s.sandbox_id for s in kept], settle_s)
                 row |= {"settle_s": round(waited, 1), "paused": paused,
                         "snapshots_disk_mib": round(_tree_bytes(Paths.from_env().snapshots) / 2**20)}
-            row |= {"mem_available_mib": round(_mem_available_mib()), "host_processes": _host_processes()}
+            row |= {"mem_available_mib": round(_mem_available_mib()), "host_processes": _host_processes(),
+                    "host_load1": round(os.getloadavg()[0], 1)}  # others' work on a shared host shows here
             batches.append(row)
             log(f"idle density: {row} (reference {base:.0f} ms)")
             # On a shared host one batch can be slow for others' reasons: a doubling counts
