@@ -421,7 +421,7 @@ def measure_tiers(tr: Tracker, m: dict[str, Any], raw: RawRunsc, image: Path, sn
         m["admission"] = scale.admission(snap, *ADMISSION)
         m["density"] = scale.idle_density(snap, **DENSITY)
         # The same with auto-pause (server/autopause.py): idle sandboxes paused to disk after 2 s.
-        m["density_autopause"] = scale.idle_density(snap, auto_pause_seconds=2, **DENSITY)
+        m["density_autopause"] = scale.idle_density(snap, auto_pause_seconds=2, wall_s=900, **DENSITY)
         # The same on the ptrace platform, whose idle sandboxes sleep (systrap's spin ~5% of a
         # core each, google/gvisor#10793): a fresh daemon and snapshot, since a checkpoint
         # restores on the platform it was taken on.

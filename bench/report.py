@@ -128,7 +128,9 @@ def print_tier_table(res: dict[str, Any]) -> None:
     for platform, d in (res.get("density") or {}).items():
         if d:
             print(f"idle density ({platform}): {d['max_idle_sandboxes']} idle sandboxes before start latency "
-                  f"doubled (stopped by {d['stopped_by']}; batches {[(b['n'], b['ttfc_p50_ms']) for b in d['batches']]})")
+                  f"doubled (stopped by {d['stopped_by']}; reference {d.get('reference_ttfc_p50_ms')} ms; "
+                  f"batches {[(b['n'], b['ttfc_p50_ms']) for b in d['batches']]}"
+                  + (f"; resume of a paused one p50 {d['resume_p50_ms']} ms" if d.get("resume_p50_ms") else "") + ")")
     print()
 
 

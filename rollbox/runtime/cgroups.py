@@ -76,6 +76,42 @@ def cpu_seconds(container_id: str, parent: str = PARENT) -> float | None:
     return None if ns is None else ns / 1e9
 
 
+# The lowest CPU weight each cgroup version takes: under contention such a cgroup gets
+# ~1/512 (v1 cpu.shares, default 1024) or ~1/100 (v2 cpu.weight, default 100) of a sibling's
+# share, and all it wants when the CPU is otherwise idle.
+MIN_CPU_SHARES = 2
+MIN_CPU_WEIGHT = 1
+
+
+def _cpu_weight_files(container_id: str, parent: str) -> tuple[Path, Path]:
+    return (CGROUP_ROOT / "cpu" / parent / container_id / "cpu.shares",
+            CGROUP_ROOT / "unified" / parent / container_id / "cpu.weight")
+
+
+def lower_cpu_weight(container_id: str, parent: str = PARENT) -> tuple[int | None, int | None]:
+    """Gives the sandbox the lowest CPU weight (v1 cpu.shares, v2 cpu.weight); returns the
+    weights it had (None: no such file), for `restore_cpu_weight`."""
+    old: list[int | None] = []
+    for f, low in zip(_cpu_weight_files(container_id, parent), (MIN_CPU_SHARES, MIN_CPU_WEIGHT)):
+        old.append(_read_int(f))
+        if old[-1] is not None:
+            try:
+                f.write_text(str(low))
+            except OSError:
+                pass  # the cgroup went away (the sandbox ended): nothing to weigh
+    return old[0], old[1]
+
+
+def restore_cpu_weight(container_id: str, weights: tuple[int | None, int | None], parent: str = PARENT) -> None:
+    """Puts back the weights `lower_cpu_weight` returned (a pause that did not happen)."""
+    for f, w in zip(_cpu_weight_files(container_id, parent), weights):
+        if w is not None:
+            try:
+                f.write_text(str(w))
+            except OSError:
+                pass
+
+
 def peak_memory_bytes(container_id: str, parent: str = PARENT) -> int | None:
     return _read_int(CGROUP_ROOT / "memory" / parent / container_id / "memory.max_usage_in_bytes")
 

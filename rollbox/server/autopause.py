@@ -36,6 +36,9 @@ log = logging.getLogger("rollbox.autopause")
 ENV_DEFAULT = "ROLLBOX_AUTO_PAUSE_SECONDS"
 CPU_BUSY = 0.15  # cores: an idle systrap sandbox spins at ~0.05; a working process uses more
 MAX_PAUSING = 2  # checkpoints in flight at once (each costs CPU; the watchdog pass must stay cheap)
+# Seconds between looks at the paused sandboxes' keep_warm_seconds: a query over every paused
+# row, which need not run on every 1 s watchdog pass when hundreds are paused.
+EXPIRY_SCAN_S = 5.0
 
 
 def resolve(seconds: float | None) -> float | None:
@@ -74,6 +77,7 @@ class AutoPause:
         self.svc = svc
         self.pausing: set[str] = set()
         self.ending: set[str] = set()  # auto-paused sandboxes being ended by keep_warm_seconds
+        self._next_expiry_scan = 0.0
 
     def arm(self, sandbox_id: str, seconds: float | None) -> None:
         """Sets a live sandbox's auto-pause delay (None: off) and records it in its row, so a
@@ -115,7 +119,12 @@ class AutoPause:
         return out
 
     async def pause(self, sandbox_id: str) -> None:
+        """Pauses one idle sandbox, its checkpoint at the lowest CPU weight: the sentry does
+        the checkpoint's work inside the sandbox's cgroup, and at full weight the pauses of
+        hundreds of idle sandboxes took the CPU that restores and commands were waiting for
+        (bench idle density: restore p50 310 -> 622 ms at 225 kept). Idle CPU is still theirs."""
         self.pausing.add(sandbox_id)
+        cid, weights = container_id(sandbox_id), None
         try:
             lv = self.svc.live.get(sandbox_id)
             async with self.svc.registry.lock(sandbox_id):
@@ -123,7 +132,9 @@ class AutoPause:
                 if lv is None or lv.busy or lv.streams or \
                         time.monotonic() - lv.last_active <= (lv.auto_pause_seconds or 0):
                     return
+                weights = cgroups.lower_cpu_weight(cid, self.svc.cg)
             await self.svc.pause(sandbox_id)
+            weights = None  # its cgroup is gone with its runsc
             log.info("sandbox %s idle for %.0f s: auto-paused (the next call resumes it)", sandbox_id,
                      lv.auto_pause_seconds or 0)
         except errors.RollboxError as e:
@@ -133,11 +144,14 @@ class AutoPause:
             if lv is not None:
                 lv.last_busy = time.monotonic()
         finally:
+            if weights is not None and sandbox_id in self.svc.live:
+                cgroups.restore_cpu_weight(cid, weights, self.svc.cg)  # still running: full weight again
             self.pausing.discard(sandbox_id)
 
     async def run_once(self) -> list[str]:
-        """One watchdog pass: starts pauses that are due (at most MAX_PAUSING in flight) and
-        ends auto-paused sandboxes past keep_warm_seconds. Returns the ids it started pausing."""
+        """One watchdog pass: starts pauses that are due (at most MAX_PAUSING in flight) and,
+        every EXPIRY_SCAN_S, ends auto-paused sandboxes past keep_warm_seconds. Returns the ids
+        it started pausing."""
         started = []
         for sid in self.due(time.monotonic()):
             if len(self.pausing) >= MAX_PAUSING:
@@ -145,6 +159,9 @@ class AutoPause:
             self.pausing.add(sid)
             self.svc.spawn(self.pause(sid))
             started.append(sid)
+        if time.monotonic() < self._next_expiry_scan:
+            return started
+        self._next_expiry_scan = time.monotonic() + EXPIRY_SCAN_S
         now = time.time()
         for row in self.svc.store.list_rows((SandboxState.PAUSED,)):
             ttl = row["keep_warm_seconds"]
