@@ -289,6 +289,10 @@ class EpisodePools:
             reply = await self.service.execfiles.agent_request(slot.sandbox_id, "container_destroy", DESTROY_WAIT_S,
                                                      cid=container_id)
             destroyed = bool(reply.get("ok", True))
+            if reply.get("init_lost"):
+                log.warning("episode pool %s: a process of %s killed or stopped its init in %s; retiring the sandbox",
+                            pool_id, container_id, slot.sandbox_id)
+                retire = True
             if reply.get("leftovers"):
                 log.warning("episode pool %s: %s left %s processes behind in %s; retiring the sandbox", pool_id,
                             container_id, reply["leftovers"], slot.sandbox_id)

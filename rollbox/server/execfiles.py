@@ -21,6 +21,8 @@ from .validation import check_env, container_id
 DEFAULT_MAX_OUTPUT = 8 * 1024 * 1024
 SANDBOX_OOM_MESSAGE = ("rollbox: the whole sandbox ran out of memory (gVisor's own kernel included) and ended; "
                       "give it more memory (Sandbox(memory=...))\n")
+CONTAINER_UPLOAD_MIB = 16
+CONTAINER_UPLOAD_B64 = (CONTAINER_UPLOAD_MIB << 20) * 4 // 3 + 4
 ARG_MAX = 2 * 1024 * 1024  # bytes of argv + env per exec: Linux's default ARG_MAX (more fails as E2BIG)
 AGENT_ERRORS: dict[str, type[errors.RollboxError]] = {
     "not_found": errors.FileNotFoundInSandbox,
@@ -33,6 +35,9 @@ AGENT_ERRORS: dict[str, type[errors.RollboxError]] = {
     # episode containers; a client error, not a server fault.
     "container_unavailable": errors.UnsupportedOperation,
     "container_error": errors.SandboxLost,
+    # A process of the container killed or stopped its init: the episode's own doing, not the
+    # platform's (so not retried); the container is gone, the pooled sandbox is retired.
+    "container_ended": errors.InvalidState,
     "process_not_found": errors.ProcessNotFound,
     "stdin_closed": errors.StdinClosed,
     "not_a_pty": errors.NotAPty,
@@ -182,6 +187,12 @@ class ExecFiles:
         """Raises InvalidArgument for a relative path."""
         if not path.startswith("/"):
             raise errors.InvalidArgument(f"path {path!r} must be absolute, e.g. '/work/a.py'")
+        if container is not None and len(data_b64) > CONTAINER_UPLOAD_B64:
+            # Container uploads travel inline through the agent and the zygote (memory of the
+            # pooled sandbox, shared by its episodes), not streamed as a sandbox's are.
+            raise errors.InvalidArgument(
+                f"{len(data_b64) * 3 // 4} bytes is over the {CONTAINER_UPLOAD_MIB} MiB an episode container takes in "
+                f"one write_file; write it in parts, or put large inputs in a Volume or the snapshot")
         return await self.agent(sandbox_id, "write_file", container, path=path, data=data_b64, mode=mode)
 
     async def read_file(self, sandbox_id: str, path: str, container: str | None = None) -> dict[str, Any]:

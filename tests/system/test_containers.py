@@ -341,3 +341,61 @@ def test_pool_left_idle_past_keep_warm_serves_on(snapshot_id: str) -> None:
         again = [pool.submit(i, episode, retries=0) for i in range(4)]
         assert [f.result().status for f in again] == ["ok"] * 4, [f.result().error for f in again]
         assert not expired & {f.result().sandbox_id for f in again}
+
+
+def test_a_container_that_signals_its_init_ends_only_itself_gh15(one_sandbox_pool: EpisodePoolClient) -> None:
+    # gVisor delivers signals to a namespace's init from inside (break-it trial): the daemon
+    # used to wait out timeout + 30 s and end the whole pooled sandbox (neighbours scored 0).
+    for sig, timed_out in (("TERM", True), ("STOP", True), ("KILL", False)):
+        c = one_sandbox_pool.begin()
+        try:
+            t0 = time.monotonic()
+            r = c.exec("sh", "-c", f"kill -{sig} 1; sleep 30", timeout=3)
+            assert time.monotonic() - t0 < 15, sig
+            assert r.timed_out is timed_out, (sig, r)
+            if sig == "KILL":
+                assert r.exit_code == 137 and b"init was killed" in r.stderr, r
+        finally:
+            one_sandbox_pool.end(c.container_id, "ok")
+        c2 = one_sandbox_pool.begin()
+        try:
+            assert sh(c2, "echo next").strip() == "next", sig
+        finally:
+            one_sandbox_pool.end(c2.container_id, "ok")
+
+
+HOSTILE_WRITER = """
+import os, sys
+f = sys._getframe()
+rid = None
+while f is not None and rid is None:
+    req = f.f_locals.get("req")
+    rid = req.get("id") if isinstance(req, dict) else None
+    f = f.f_back
+for k in range(1, 60):  # FIFOs where the old, predictable temporary names of the next uploads were
+    os.mkfifo("/work/t.py.rollbox-tmp-%d" % (rid + k))
+ag = sys.modules.get("agent")
+print("key" if ag is not None and ag._key.get("key") else "nokey")
+"""
+
+
+def test_the_file_api_cannot_stall_or_break_the_zygote_gh15(one_sandbox_pool: EpisodePoolClient) -> None:
+    c = one_sandbox_pool.begin()
+    try:
+        c.fs.write_file("/work/h.py", HOSTILE_WRITER)
+        r = c.exec("python3", "/work/h.py", cwd="/work")
+        assert r.stdout == b"nokey\n", r  # the sandbox's channel key is wiped before user code
+        t0 = time.monotonic()
+        c.fs.write_file("/work/t.py", b"print(1)\n")  # no planted FIFO stands in for its temporary file
+        assert time.monotonic() - t0 < 10
+        with pytest.raises(errors.InvalidArgument):
+            c.fs.write_file("/work/a\x00b", b"x")   # was: the zygote died, the sandbox was lost
+        with pytest.raises(errors.InvalidArgument):
+            c.fs.write_file("/", b"x")
+        with pytest.raises(errors.InvalidArgument, match="MiB"):
+            c.fs.write_file("/work/big", b"\0" * (17 << 20))  # over what a container takes inline
+        c.fs.write_file("/dev/shm/seen", b"shm")      # lands where the container's programs see it
+        assert sh(c, "cat /dev/shm/seen; ls -a / | grep -c rollbox-tmp") == "shm0\n"
+        assert c.exec("python3", "/work/t.py", cwd="/work").stdout == b"1\n"
+    finally:
+        one_sandbox_pool.end(c.container_id, "ok")

@@ -491,15 +491,27 @@ def op_write_file(req):
     path = req["path"]
     if req.get("upload") is not None:
         return _write_part(req)
+    if path.endswith("/"):
+        raise IsADirectoryError(21, "Is a directory", path)
     parent = os.path.dirname(path)
     if parent:
         os.makedirs(parent, exist_ok=True)
     data = base64.b64decode(req["data"])
-    tmp = "%s.rollbox-tmp-%d" % (path, req["id"])
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.chmod(tmp, int(req.get("mode") or 0o644))
-    os.replace(tmp, path)
+    # A fresh name, created exclusively (a planted FIFO or symlink cannot stand in for it),
+    # and gone again whatever fails.
+    tmp = "%s.rollbox-tmp-%s" % (path, os.urandom(8).hex())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, int(req.get("mode") or 0o644))
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return {"size": len(data)}
 
 

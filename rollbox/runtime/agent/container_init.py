@@ -21,6 +21,8 @@ import time
 import agent
 import warm_python
 
+# EBUSY (a mount point, e.g. "/"), ENAMETOOLONG, EROFS, EINVAL, ENOSPC, EDQUOT, EFBIG, ELOOP.
+_INVALID_ERRNOS = frozenset({16, 36, 30, 22, 28, 122, 27, 40})
 AFTER_EXIT_S = 0.05  # after a command exits, its background children may hold its pipes
 READ_CHUNK = 65536
 
@@ -167,6 +169,11 @@ class ContainerInit:
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
+        # gVisor delivers signals to a PID namespace's init from inside it (Linux drops those
+        # the init has no handler for): `kill -TERM 1` in a container must not end its init.
+        # A handler, not SIG_IGN, so that what the init execs gets the default back.
+        for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGPIPE"):
+            signal.signal(getattr(signal, name), lambda *_: None)
 
     def reply(self, req, res):
         res["id"] = req.get("id")
@@ -199,6 +206,10 @@ class ContainerInit:
             return self.fail(req, "not_a_directory", str(e))
         except FileExistsError as e:  # os.makedirs met a file where a parent directory goes
             return self.fail(req, "not_a_directory", "%s: a parent of %s is not a directory" % (e, req.get("path")))
+        except OSError as e:
+            if e.errno in _INVALID_ERRNOS:  # the path or the filesystem refuses it: the caller's to fix
+                return self.fail(req, "invalid_argument", str(e))
+            return self.fail(req, "agent_error", "%s: %s" % (type(e).__name__, e))
         except PermissionError as e:
             return self.fail(req, "permission_denied", str(e))
         except ValueError as e:

@@ -92,20 +92,25 @@ def make_filesystem(cid, root_mib):
     return top + "/m"
 
 
-def write_file_in_root(root, req):
+def write_file_in_root(root, req, mounts=()):
     """agent.op_write_file for a container whose root is `root` (a path in the zygote's
     mount namespace), walking the path one component at a time with O_NOFOLLOW so that no
     symlink a container left can lead the write out of its root. Returns the size written,
     or None when the request is not a plain write of an absolute path without `.`/`..`
     components or a symlink stands in the way (the container's init resolves those). Raises
-    OSError as the init would (the caller then lets the init report it)."""
+    OSError as the init would (the caller then lets the init report it). `mounts`: paths
+    the container has other filesystems on (/dev, /proc, its volumes): writes there are the
+    init's, which sees them (here they would land in the overlay underneath)."""
     path = req.get("path")
     data = req.get("data")
     if req.get("upload") is not None or not isinstance(path, str) or not isinstance(data, str) \
-            or not path.startswith("/"):
+            or not path.startswith("/") or "\0" in path or path.endswith("/"):
         return None
     parts = [p for p in path.split("/") if p]
     if not parts or any(p in (".", "..") for p in parts):
+        return None
+    norm = "/" + "/".join(parts)
+    if any(norm == m or norm.startswith(m.rstrip("/") + "/") for m in mounts):
         return None
     import base64
     import errno
@@ -124,8 +129,11 @@ def write_file_in_root(root, req):
                 raise
             os.close(fd)
             fd = nxt
-        tmp = "%s.rollbox-tmp-%d" % (parts[-1], req.get("id") or 0)
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+        # A fresh name, created exclusively: nothing a container planted (a FIFO that would
+        # block this single-threaded zygote, a symlink) can be opened in its place.
+        tmp = "%s.rollbox-tmp-%s" % (parts[-1], os.urandom(8).hex())
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                      0o644, dir_fd=fd)
         try:
             view = memoryview(payload)
             while view:

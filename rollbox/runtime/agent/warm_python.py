@@ -142,6 +142,7 @@ def run_in_place(cmd, env, cwd, stdio):
 def _run_python(cmd, env):
     """In the fork: what `python3 [flags] (-c code | -m mod | file) args` does, then _exit."""
     import io
+    _forget_secrets()
     mode, target, args, flags = cmd
     os.environ.clear()
     os.environ.update(env)
@@ -199,6 +200,19 @@ def _run_python(cmd, env):
         except BaseException:  # noqa: BLE001 - a closed pipe loses output, as it would anyway
             pass
     os._exit(code)
+
+
+def _forget_secrets():
+    """The fork carries the zygote's memory: the sandbox's channel key (every restore of the
+    snapshot shares it) and the HMAC pads made from it must not reach the user's program."""
+    ag = sys.modules.get("agent")
+    if ag is not None:
+        key = getattr(ag, "_key", None)
+        if isinstance(key, dict):
+            key.clear()
+        pads = getattr(ag, "_pads", None)
+        if isinstance(pads, dict):
+            pads.clear()
 
 
 def _script_code(path):

@@ -31,6 +31,7 @@ CAP_SYS_ADMIN. Single-threaded: a fork of a threaded Python process costs twice 
 import gc
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -53,6 +54,13 @@ WARM_MODULES = ("json", "math", "re", "collections", "itertools", "functools", "
 # sandbox's memory limit; the daemon passes a share of it).
 DEFAULT_ROOT_MIB = 256
 DEFAULT_SHM_MIB = 64
+# An init that owes a reply this long past its exec's timeout, or this long for any other
+# request, is taken as stopped (SIGSTOP from inside) and killed; under the daemon's own waits
+# (an exec's timeout + 30 s, 30 s for files), so the episode gets an answer, not a lost sandbox.
+INIT_GRACE_S = 3.0
+INIT_REPLY_S = 20.0
+SEND_TIMEOUT_S = 5.0
+_ID_RE = re.compile(rb'"id":(-?[0-9]+)')
 
 
 class Container:
@@ -69,6 +77,8 @@ class Container:
         self.inplace = None   # container_init.Running of the command running in place
         self.queue = []       # frames that arrived while it ran
         self.pidns = set()    # PID namespace inodes its inits had (to check nothing is left)
+        self.pending = {}     # request id -> (op, deadline or None) of frames its init owes a reply
+        self.init_lost = False  # an init died or hung while it owed replies (the pool retires the sandbox)
 
 
 class _Proc:
@@ -127,11 +137,14 @@ class Zygote:
             sock.close()
             c.init = None
 
-    def send_to_init(self, c, frame, fds=()):
+    def send_to_init(self, c, frame, fds=(), req=None):
+        """Sends a frame to the container's init (made first if there is none). `req`: the
+        request it carries, whose reply the init then owes (see owe). Raises OSError when
+        the init does not take it within SEND_TIMEOUT_S (stopped by a signal, say)."""
         if c.init is None:
             self.new_init(c)
         sock = c.init[1]
-        sock.setblocking(True)
+        sock.settimeout(SEND_TIMEOUT_S)
         try:
             if fds:
                 socket.send_fds(sock, [frame], list(fds))
@@ -139,6 +152,53 @@ class Zygote:
                 sock.sendall(frame)
         finally:
             sock.setblocking(False)
+        if req is not None:
+            self.owe(c, req)
+
+    def owe(self, c, req):
+        """Notes that the init owes `req` a reply, by a deadline: an exec's timeout plus
+        INIT_GRACE_S, other requests INIT_REPLY_S (an exec without a timeout: none)."""
+        op = req.get("op", "")
+        timeout = req.get("timeout")
+        if op == "container_exec":
+            deadline = time.monotonic() + float(timeout) + INIT_GRACE_S if timeout else None
+        else:
+            deadline = time.monotonic() + INIT_REPLY_S
+        c.pending[req.get("id")] = (op, deadline)
+
+    def init_gone(self, c, why, timed_out=False):
+        """The init died (a process of the container killed it: gVisor delivers even SIGKILL
+        and SIGSTOP to a namespace's init from inside) or stopped answering (then it is
+        killed here, and with it the container's namespace): every request it owed gets its
+        answer now, instead of the daemon waiting and declaring the whole pooled sandbox lost."""
+        if c.init is not None:
+            pid = c.init[0]
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            _reap(pid)
+            self.forget_init(c)
+        owed, c.pending = c.pending, {}
+        if owed:
+            c.init_lost = True
+        note = "rollbox: the container's init %s; the container's processes ended with it\n" % why
+        for rid, (op, _deadline) in owed.items():
+            if op == "container_exec":
+                self.reply({"id": rid, "ok": True, "exit_code": None if timed_out else 137,
+                            "signal": None if timed_out else signal.SIGKILL, "stdout": "",
+                            "stderr": agent.base64.b64encode(note.encode()).decode(), "stdout_bytes": 0,
+                            "stderr_bytes": len(note), "truncated": False, "timed_out": timed_out,
+                            "pids_limited": False, "duration_s": 0.0, "init_lost": True})
+            else:
+                self.reply({"id": rid, "ok": False, "error": "container_ended",
+                            "message": "container %s: its init %s; start a new episode" % (c.cid, why)})
+
+    def check_deadlines(self, now):
+        for c in list(self.containers.values()):
+            if any(d is not None and now >= d for _op, d in c.pending.values()):
+                self.init_gone(c, "stopped answering (a process of the container stopped or killed it?) and "
+                                  "was killed", timed_out=True)
 
     # ---- requests -----------------------------------------------------------------------
 
@@ -179,14 +239,15 @@ class Zygote:
         # The kernel kills a PID namespace with its init; anything still in one is a leftover
         # the daemon must not trust the pooled sandbox with (it replaces it).
         left = [p for p in _pids() if nsutil.pid_namespace(p) in c.pidns] if c.pidns else []
-        self.reply({"id": req.get("id"), "ok": True, "cid": c.cid, "killed": len(pids), "leftovers": len(left)})
+        self.reply({"id": req.get("id"), "ok": True, "cid": c.cid, "killed": len(pids), "leftovers": len(left),
+                    "init_lost": c.init_lost})
 
     def write_here(self, c, req):
         """Writes a file into the container's root from here, so a program's upload needs no
         init (a fork of this process that runs Python, ~20 ms of CPU under gVisor). True when
         done (replied); False sends it to the init, which also gives every error its reply."""
         try:
-            size = nsutil.write_file_in_root(c.root, req)
+            size = nsutil.write_file_in_root(c.root, req, mounts=("/dev", "/proc", "/.rollbox", *c.binds))
         except OSError:
             return False  # an ENOSPC, a directory in the way...: the init says what failed
         if size is None:
@@ -209,7 +270,7 @@ class Zygote:
                 cmd = None  # the init reports a missing working directory as exec does
         if cmd is None:
             c.spawned = True
-            return self.send_to_init(c, frame)
+            return self.send_to_init(c, frame, req=req)
         in_r = in_w = None
         if req.get("stdin") is not None:
             in_r, in_w = os.pipe()
@@ -277,6 +338,12 @@ class Zygote:
         self.route(req, hdr + frame)
 
     def route(self, req, frame):
+        try:
+            self._route(req, frame)
+        except Exception as e:  # noqa: BLE001 - no request may end the zygote (every container's)
+            self.fail(req, "agent_error", "%s: %s" % (type(e).__name__, e))
+
+    def _route(self, req, frame):
         op = req.get("op")
         if op == "container_create":
             return self.create(req)
@@ -296,10 +363,12 @@ class Zygote:
             elif op == "container_write_file" and self.write_here(c, req):
                 pass
             else:
-                self.send_to_init(c, frame)
+                self.send_to_init(c, frame, req=req)
         except OSError as e:
-            self.forget_init(c)
-            self.fail(req, "container_error", "container %s: its init is gone: %s" % (c.cid, e))
+            self.init_gone(c, "did not take a request (%s)" % e)
+            self.fail(req, "container_ended", "container %s: its init is gone: %s; start a new episode" % (c.cid, e))
+        except Exception as e:  # noqa: BLE001 - no request may end the zygote (every container's)
+            self.fail(req, "agent_error", "%s: %s" % (type(e).__name__, e))
 
     # ---- output and exits ---------------------------------------------------------------
 
@@ -313,7 +382,8 @@ class Zygote:
         except OSError:
             chunk = b""
         if not chunk:
-            self.forget_init(c)  # it died (its sandbox is going, or it crashed): a fresh one next time
+            # It died: its sandbox is going, or a process of the container killed it.
+            self.init_gone(c, "was killed")
             return
         buf += chunk
         while len(buf) >= 4:
@@ -322,6 +392,9 @@ class Zygote:
                 break
             frame = bytes(buf[:4 + n])
             del buf[:4 + n]
+            rid = _reply_id(frame[36:])
+            if rid is not None:
+                c.pending.pop(rid, None)
             _write_all(1, frame)
 
     def finish_in_place(self, c):
@@ -359,6 +432,7 @@ class Zygote:
             if 0 in readable:
                 self.from_agent()
             now = time.monotonic()
+            self.check_deadlines(now)
             for c in list(self.containers.values()):
                 r = c.inplace
                 if r is None:
@@ -392,6 +466,13 @@ def _init_main(sock, c, bounding):
         init.run()
     finally:
         os._exit(0)
+
+
+def _reply_id(body):
+    """The request id of a reply frame's JSON body without parsing it whole (read_file replies
+    are large): agent.send puts it last (after the result's fields) or, for a failure, first."""
+    m = _ID_RE.search(body, max(0, len(body) - 64)) or _ID_RE.match(body, 1)
+    return int(m.group(1)) if m else None
 
 
 def _pids():
