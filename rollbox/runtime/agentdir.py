@@ -23,7 +23,7 @@ from pathlib import Path
 # What the sandbox needs of the package's agent directory: the native binary (when built) and
 # agent.py (the fallback, also what `ROLLBOX_AGENT=python` runs).
 AGENT_FILES = ("rollbox-agent", "agent.py", "jail.py", "procs.py", "code_driver.py", "zygote.py", "container_init.py",
-               "nsutil.py", "warm_python.py")
+               "nsutil.py", "warm_python.py", "inits.py")
 
 
 def _present(src: Path) -> list[Path]:
