@@ -173,7 +173,7 @@ class Teardown:
         # keep reaping while it runs (the pidfd watch reaps the sandbox process itself).
         delete = asyncio.ensure_future(driver.delete(cid))
         while not delete.done():
-            ctx.reaper.sweep()
+            ctx.reaper.sweep(unless_within_s=0.025)
             await asyncio.wait({delete}, timeout=0.05)
         try:
             res = delete.result()
