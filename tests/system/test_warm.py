@@ -96,7 +96,7 @@ def test_a_ready_spare_waits_frozen_and_runs_once_handed_out(paths: Paths) -> No
         sb = Sandbox().create_from_memory_snapshot(snap)
         assert sb.sandbox_id == sid  # the spare, handed out
         assert not cgroups.is_frozen(cid, paths.cgroup_parent)
-        assert sb.exec("echo", "hi", timeout=10).stdout == "hi\n"
+        assert sb.exec("echo", "hi", timeout=10).stdout == b"hi\n"
         sb.terminate()
     finally:
         _drop(snap)
@@ -122,7 +122,7 @@ def test_a_frozen_spare_answers_a_request_by_id(paths: Paths) -> None:
     try:
         sid = _spare_of(snap)
         res = rollbox.SandboxInstance(sid, default_client()).exec("echo", "up", timeout=10)
-        assert res.stdout == "up\n"
+        assert res.stdout == b"up\n"
         assert not cgroups.is_frozen(sid.removeprefix("sb-"), paths.cgroup_parent)
     finally:
         _drop(snap)
