@@ -1,15 +1,22 @@
-"""Per-episode CPU by process for rollbox's `sandbox` and `runc` tiers against the raw loops,
-measured side by side: the client (this process), the daemon itself, its reaped children
-(runtime CLI calls, sentries, gofers, mount/losetup helpers), from psutil's cpu_times; and each
-runtime CLI call by verb when ROLLBOX_RUNSC/ROLLBOX_RUNC point at a /usr/bin/time wrapper
-that appends "%U %S %e TAG %C" lines to $TIER_CLI_LOG. Usage:
-    python -m bench.tiercpu [N] [C] [modes...]   (modes: sandbox raw_runsc runc raw_runc)
+"""Per-episode CPU of rollbox's `sandbox` and `runc` tiers against the raw loops, measured
+side by side (gh-15 item 3). Each row prints CPU-ms per episode:
+- by cpuacct cgroup (v1 charges every ancestor, so sandboxes already removed still count):
+  `tier-client` (this process and what it spawns: the raw loops' runtime CLI calls and
+  mounts), `tier-daemon` (the daemon, which this moves there, and its runtime CLI calls and
+  helpers), the daemon's sandbox parent (sentries, gofers, systrap stubs; runc containers)
+  and bench's raw parent; plus kernel threads (loop devices, writeback: no cgroup);
+- from psutil: the client's and the daemon's own CPU and that of their reaped children;
+- per runtime CLI verb (calls and CPU per episode) when `runsc`/`runc` on PATH are
+  /usr/bin/time wrappers appending "%U %S %e RUNSC|RUNC %C" lines to $TIER_CLI_LOG.
+Other people's load inflates every figure: compare rows of one run, not runs.
+Usage: python -m bench.tiercpu [N] [C] [modes...]
+    (modes: sandbox sandbox_cold raw_runsc runc raw_runc; TIER_DISK=none: a snapshot without
+    the disk cap)
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures as cf
 import os
 import sys
 import threading
@@ -137,7 +144,7 @@ def measure(name: str, n: int, c: int, run, warm=None) -> None:  # type: ignore[
     tot[CGROUP_PARENT] = max(tot[CGROUP_PARENT], peak.peak - g0[CGROUP_PARENT])
     lines = cli_lines()[l0:]
     ok = sum(1 for r, _ in res if r)
-    per = lambda x: x * 1000 / n  # noqa: E731
+    per = lambda x: x * 1000 / n
     print(f"== {name} n={n} c={c}: {n / wall:.2f}/s ok {ok}/{n}; CPU-ms/episode: client self {per(m1[0] - m0[0]):.0f}"
           f" client children {per(m1[1] - m0[1]):.0f} daemon self {per(d1[0] - d0[0]):.0f}"
           f" daemon children {per(d1[1] - d0[1]):.0f}", flush=True)
@@ -162,11 +169,13 @@ def prepare_snapshot() -> str:
 
 
 def main() -> None:
+    from rollbox.sdk.sandbox import default_client
+    default_client().request("GET", "/sandboxes")  # the daemon up (autostarted) before this joins its cgroup
     join_cgroup("tier-client", os.getpid())
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 48
     c = int(sys.argv[2]) if len(sys.argv) > 2 else 8
     modes = sys.argv[3:] or ["sandbox", "raw_runsc", "runc", "raw_runc"]
-    snap = prepare_snapshot() if any(m.startswith("sandbox") for m in modes) else None
+    snap = prepare_snapshot() if any(m.startswith("sandbox") for m in modes) else ""
     try:
         for m in modes:
             if m == "sandbox":
