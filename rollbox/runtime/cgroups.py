@@ -112,6 +112,50 @@ def restore_cpu_weight(container_id: str, weights: tuple[int | None, int | None]
                 pass
 
 
+def _freeze_files(container_id: str, parent: str) -> list[tuple[Path, str, str]]:
+    """(file, frozen value, thawed value) of the sandbox's freezer: cgroup v1's freezer
+    controller, and v2's cgroup.freeze where runsc made a unified directory."""
+    return [(CGROUP_ROOT / "freezer" / parent / container_id / "freezer.state", "FROZEN", "THAWED"),
+            (CGROUP_ROOT / "unified" / parent / container_id / "cgroup.freeze", "1", "0")]
+
+
+def freeze(container_id: str, parent: str = PARENT) -> bool:
+    """Freezes every process of the sandbox (sentry, gofer, systrap stubs) in the kernel's
+    cgroup freezer: an idle systrap sandbox spins ~3-5% of a core (google/gvisor#10793), a
+    frozen one uses none, and it goes on from where it was on `thaw`. One write, ~0.4 ms, no
+    runsc call (unlike `runsc pause`). A frozen process cannot die, not even of SIGKILL:
+    whatever kills the sandbox must `thaw` it first. True when a freezer took it."""
+    done = False
+    for f, frozen, _thawed in _freeze_files(container_id, parent):
+        try:
+            f.write_text(frozen)
+            done = True
+        except OSError:
+            pass
+    return done
+
+
+def thaw(container_id: str, parent: str = PARENT) -> None:
+    """Undoes `freeze`; a no-op for a sandbox that is not frozen or has no cgroup."""
+    for f, _frozen, thawed in _freeze_files(container_id, parent):
+        try:
+            f.write_text(thawed)
+        except OSError:
+            pass
+
+
+def is_frozen(container_id: str, parent: str = PARENT) -> bool:
+    """Whether a freezer holds (or is freezing) the sandbox."""
+    for f, frozen, _thawed in _freeze_files(container_id, parent):
+        try:
+            v = f.read_text().strip()
+        except OSError:
+            continue
+        if v in (frozen, "FREEZING"):
+            return True
+    return False
+
+
 def peak_memory_bytes(container_id: str, parent: str = PARENT) -> int | None:
     return _read_int(CGROUP_ROOT / "memory" / parent / container_id / "memory.max_usage_in_bytes")
 

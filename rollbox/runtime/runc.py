@@ -14,10 +14,13 @@ A networked sandbox joins its slot's namespace directly (runc needs none of runs
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import resource
 import shutil
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +101,16 @@ def runc_spec(spec: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
+def _running(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie (/proc/PID/stat's state)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read(512).rpartition(b")")[2].split(None, 1)[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
 def harden_bundle(bundle: Path) -> None:
     """Rewrites `bundle/config.json` (written by bundle.write_bundle) with `runc_spec`."""
     path = bundle / "config.json"
@@ -142,7 +155,30 @@ class Runc:
                                     timeout=timeout)
 
     async def delete(self, container_id: str) -> RunResult:
+        """Kills the container's init ourselves and waits (up to 2 s) for it to exit, then
+        `runc delete --force`. Given a running container, runc's force-delete sends SIGKILL
+        and sleeps 100 ms before its first look (libcontainer's killContainer): ~110 ms of
+        every teardown's latency here, measured; an exited init is deleted at once. The init
+        is the pid namespace's: its death ends every process of the container."""
+        init = self._init_pid(container_id)
+        if init:
+            try:
+                os.kill(init, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            else:
+                deadline = time.monotonic() + 2.0
+                while _running(init) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.002)
         return await self.run("delete", "--force", container_id, timeout=20)
+
+    def _init_pid(self, container_id: str) -> int:
+        """The container's init pid from runc's state file (0: none known)."""
+        try:
+            state = json.loads((self.root / container_id / "state.json").read_text())
+            return int(state.get("init_process_pid") or 0)
+        except (OSError, ValueError, TypeError):
+            return 0
 
     def forget(self, container_id: str) -> None:
         shutil.rmtree(self.root / container_id, ignore_errors=True)

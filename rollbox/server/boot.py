@@ -129,7 +129,7 @@ class Booter:
                 self.reg.slots[sandbox_id] = slot
             layer = d / "disk"
             if disk_mib is not None:
-                await asyncio.to_thread(mount_disk, layer, disk_mib)
+                await asyncio.to_thread(mount_disk, layer, disk_mib, ctx.disk_templates)
             else:
                 layer.mkdir()
             upper = ctx.upper_dir(sandbox_id)

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from .. import errors
-from ..runtime import agentdir
+from ..runtime import agentdir, cgroups
 from ..runtime.bundle import AGENT_DIR
 from ..runtime.driver import no_snapshots
 from ..runtime.rootfs import copy_tree, disk_free_bytes, disk_full
@@ -54,6 +54,10 @@ class Checkpoints:
                     pass
             if self.ctx.store.state(sandbox_id) is SandboxState.PAUSED:
                 await self.resume(sandbox_id)
+        elif lv.frozen:
+            # A warm spare asked for directly (by id, not through its pool): it runs again.
+            cgroups.thaw(container_id(sandbox_id), self.ctx.cg)
+            lv.frozen = False
         elif lv.channel.closed_reason is not None and lv.exit_reason is None:
             # It just died: give the death watch a moment to say how (oom, init killed, lost).
             deadline = time.monotonic() + 4.0

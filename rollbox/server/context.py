@@ -14,6 +14,7 @@ from ..config import Paths
 from ..images.store import ImageStore
 from ..network.manager import NetworkManager
 from ..runtime.driver import Driver
+from ..runtime.mounts import DiskTemplates
 from ..runtime.reaper import Reaper
 from ..runtime.runc import Runc
 from ..runtime.runsc import Runsc
@@ -42,6 +43,8 @@ class ServiceContext:
     registry: Registry
     # The agent new sandboxes boot from, pinned at daemon start (runtime/agentdir.py).
     agent_src: Path
+    # Formatted disk images that capped sandboxes' writable layers are copied from.
+    disk_templates: DiskTemplates | None = None
 
     def sandbox_dir(self, sandbox_id: str) -> Path:
         return self.paths.sandboxes / sandbox_id

@@ -57,6 +57,7 @@ class Live:
     pausing: bool = False  # a pause() is checkpointing it: a request cut off now was not an ending
     pids: int = DEFAULT_PIDS
     tmpfs: dict[str, int] = field(default_factory=dict)  # its bounded memory-backed mounts {path: MiB}
+    frozen: bool = False  # a warm spare held in the cgroup freezer until handed out (server/warm.py)
 
 
 # Resolves a sandbox id to its live handle, resuming it first if it is paused

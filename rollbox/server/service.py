@@ -30,6 +30,7 @@ from ..network.policy import NetworkSpec
 from ..runtime import agentdir
 from ..runtime.bundle import AGENT_DIR, DEFAULT_PIDS
 from ..runtime.driver import Driver
+from ..runtime.mounts import DiskTemplates
 from ..runtime.reaper import Reaper
 from ..runtime.runc import Runc
 from ..runtime.runsc import Runsc
@@ -88,7 +89,8 @@ class SandboxService:
         ctx = self.ctx = ServiceContext(
             paths=paths, runsc=runsc, runc=self.runc, drivers=self.drivers, store=store, cg=self.cg,
             images=self.images, snapshots=self.snapshots, volumes=self.volumes, net=self.net, reaper=self.reaper,
-            metrics=self.metrics, registry=self.registry, agent_src=self.agent_src)
+            metrics=self.metrics, registry=self.registry, agent_src=self.agent_src,
+            disk_templates=DiskTemplates(paths.home / "disk-templates"))
         self.usage = Usage(ctx)
         self.teardown = Teardown(ctx, self.usage)
         self.deathwatch = DeathWatch(ctx, self.teardown)

@@ -166,11 +166,14 @@ class Teardown:
         cid = container_id(sandbox_id)
         d = ctx.sandbox_dir(sandbox_id)
         driver = self.driver_of(sandbox_id)
+        # A frozen process cannot die, not even of SIGKILL: a warm spare (server/warm.py), or
+        # one a crashed daemon left frozen, is thawed first.
+        cgroups.thaw(cid, ctx.cg)
         # `runsc delete` waits for the sandbox process to be reaped, and we are its reaper:
         # keep reaping while it runs (the pidfd watch reaps the sandbox process itself).
         delete = asyncio.ensure_future(driver.delete(cid))
         while not delete.done():
-            ctx.reaper.sweep()
+            ctx.reaper.sweep(unless_within_s=0.025)
             await asyncio.wait({delete}, timeout=0.05)
         try:
             res = delete.result()

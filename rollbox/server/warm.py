@@ -2,7 +2,9 @@
 
 `set(snapshot_id, count, idle_seconds)` keeps `count` spares restored; `take(snapshot_id)`
 hands one out (a dictionary pop and one agent round trip, instead of a ~200 ms
-`runsc restore`) and starts a refill. Every spare is a separate restore, so each has its own
+`runsc restore`) and starts a refill. A ready spare waits in the cgroup freezer (no CPU; an
+idle systrap sandbox spins ~3-5% of a core) and is thawed as it is handed out, or by any
+request on it; teardown thaws before it kills. Every spare is a separate restore, so each has its own
 entropy and sandbox id, and none is handed out twice. A pool unused for `idle_seconds` drains
 to zero (scale to zero) and fills again on its next use. Spares carry the tag `rollbox.warm`
 and a keep_warm of `idle_seconds`, so a spare orphaned by a daemon crash still expires.
@@ -22,7 +24,9 @@ from typing import TYPE_CHECKING
 import tenacity
 
 from .. import errors
+from ..runtime import cgroups
 from ..volumes.writers import exclusive_writes
+from .validation import container_id
 
 if TYPE_CHECKING:
     from ..types import SandboxInfo
@@ -116,8 +120,26 @@ class WarmPools:
             if self.svc.is_live(cand):
                 sid = cand
                 break
+        if sid is not None:
+            self.thaw(sid)
         self._refill(pool)
         return sid
+
+    def freeze(self, sandbox_id: str) -> None:
+        """Holds a ready spare in the cgroup freezer (cgroups.freeze): an idle systrap sandbox
+        spins ~3-5% of a core, and with `warm=C` beside C episodes running, C spares each
+        waiting an episode's length cost ~30% more CPU per episode (measured, HumanEval c=8).
+        A spare that cannot be frozen simply stays running."""
+        lv = self.svc.live.get(sandbox_id)
+        if lv is not None and not lv.frozen and cgroups.freeze(container_id(sandbox_id), self.svc.cg):
+            lv.frozen = True
+
+    def thaw(self, sandbox_id: str) -> None:
+        """Lets a frozen spare run again (before anything is asked of it)."""
+        lv = self.svc.live.get(sandbox_id)
+        if lv is not None and lv.frozen:
+            cgroups.thaw(container_id(sandbox_id), self.svc.cg)
+            lv.frozen = False
 
     def _refill(self, pool: WarmPool) -> None:
         while not pool.drained and len(pool.spares) + pool.filling < pool.target and self.pools.get(pool.snapshot_id) is pool:
@@ -163,6 +185,7 @@ class WarmPools:
             pool.filling -= 1
         pool.failures = 0
         if self.pools.get(pool.snapshot_id) is pool and not pool.drained:
+            self.freeze(info.sandbox_id)
             pool.spares.append(info.sandbox_id)
         else:
             self.svc.spawn(self.svc.terminate(info.sandbox_id, reason="warm_pool_drained"))

@@ -66,6 +66,7 @@ async def recover(svc: SandboxService) -> dict[str, int]:
             cleaned += 1
             continue
         if cid in running:
+            cgroups.thaw(cid, svc.cg)  # a warm spare frozen by the previous daemon (server/warm.py)
             try:
                 key = (svc.sandbox_dir(sid) / "agent.key").read_bytes()
             except OSError:

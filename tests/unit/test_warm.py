@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ class Service:
         self.volumes = volumes or []
         self.restores = 0
         self.live: dict[str, object] = {}
+        self.cg = "rollbox-unit-no-such-parent"  # no freezer there: spares stay running
         self.tasks: list[asyncio.Task[Any]] = []
         self.snapshots = self
         self.terminated: list[str] = []
@@ -40,12 +42,15 @@ class Service:
             self.faults -= 1
             raise errors.SandboxLost(f"restore {self.restores} failed")
         sid = f"sb-{self.restores:032d}"
-        self.live[sid] = object()
+        self.live[sid] = SimpleNamespace(frozen=False)
         return SandboxInfo(sandbox_id=sid, state="running", image_id="im-x", created_at=0.0, cpu=1.0,
                            memory_mib=256, keep_warm_seconds=kw.get("keep_warm_seconds"))
 
     async def terminate(self, sandbox_id: str, reason: str = "") -> None:
         self.terminated.append(sandbox_id)
+
+    def is_live(self, sandbox_id: str) -> bool:
+        return sandbox_id in self.live
 
     async def settle(self) -> None:
         while any(not t.done() for t in self.tasks):
@@ -69,6 +74,42 @@ def test_a_failed_restore_is_retried_until_the_spare_is_there() -> None:
     assert svc.restores == 3
     assert pools.status("sn-1")["ready"] == 1 and pools.status("sn-1")["filling"] == 0
     assert pools.pools["sn-1"].failures == 0  # reset by the success
+
+
+def test_a_ready_spare_waits_frozen_and_is_thawed_as_it_is_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, str]] = []
+    monkeypatch.setattr(warm.cgroups, "freeze", lambda cid, parent: calls.append(("freeze", cid)) or True)
+    monkeypatch.setattr(warm.cgroups, "thaw", lambda cid, parent: calls.append(("thaw", cid)))
+
+    async def go() -> tuple[Service, WarmPools, str | None]:
+        svc = Service(faults=0)
+        pools = WarmPools(svc)  # type: ignore[arg-type]
+        pools.set("sn-1", 1)
+        await svc.settle()
+        return svc, pools, pools.take("sn-1")
+
+    svc, pools, sid = asyncio.run(go())
+    assert sid is not None
+    cid = sid.removeprefix("sb-")
+    assert calls[:2] == [("freeze", cid), ("thaw", cid)]  # frozen while it waited, running once taken
+    assert svc.live[sid].frozen is False  # type: ignore[attr-defined]
+    # The refill's spare is frozen in its turn, and not yet thawed.
+    assert [c for c in calls[2:] if c[0] == "thaw"] == []
+
+
+def test_a_spare_no_freezer_takes_stays_running_and_is_not_thawed(monkeypatch: pytest.MonkeyPatch) -> None:
+    thawed: list[str] = []
+    monkeypatch.setattr(warm.cgroups, "thaw", lambda cid, parent: thawed.append(cid))
+
+    async def go() -> str | None:
+        svc = Service(faults=0)
+        pools = WarmPools(svc)  # type: ignore[arg-type]
+        pools.set("sn-1", 1)
+        await svc.settle()
+        return pools.take("sn-1")
+
+    assert asyncio.run(go()) is not None
+    assert thawed == []  # the unit parent has no freezer: nothing was frozen
 
 
 def test_a_retry_stops_once_the_pool_is_gone() -> None:
