@@ -110,7 +110,7 @@ def rollbox_episode(sb: Any, program: str) -> float:
 
 
 class PoolRunner:
-    """SandboxPool rows. `warm(c)` opens the pool and runs one unmeasured round of C programs
+    """SandboxPool rows. `warm(c)` opens the pool and runs one unmeasured round of 2C programs
     first (container mode: the pooled sandboxes restored and their zygotes started; sandbox
     mode: the C spares restored), as a trainer's pool is between batches and as the fusion row
     is warmed; the measured call then runs on it and closes it."""
@@ -123,9 +123,10 @@ class PoolRunner:
         from rollbox import SandboxPool
         warm = concurrency if self.isolation == "sandbox" else 0
         self.pool = SandboxPool(self.snapshot_id, max_concurrency=concurrency, warm=warm, isolation=self.isolation)
-        list(self.pool.map(rollbox_episode, progs[:concurrency], timeout=TIMEOUT_S + 30, retries=1))
-        if self.isolation == "sandbox":
-            time.sleep(3)  # the spares the warm-up round used are restored again
+        list(self.pool.map(rollbox_episode, progs[:2 * concurrency], timeout=TIMEOUT_S + 30, retries=1))
+        # Settle: the spares the warm-up round used are restored again (sandbox mode), and the
+        # snapshot-making sandbox's teardown and the first restores' runsc processes are done.
+        time.sleep(3)
 
     def __call__(self, progs: list[str], concurrency: int) -> list[tuple[bool, float]]:
         if self.pool is None:
