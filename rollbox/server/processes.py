@@ -17,6 +17,7 @@ import base64
 import json
 import secrets
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -40,7 +41,9 @@ class Processes:
 
     def __init__(self, execfiles: ExecFiles) -> None:
         self.execfiles = execfiles
-        self._code_locks: dict[str, asyncio.Lock] = {}
+        # run_code's one-at-a-time lock per sandbox, held only while a call uses it: an entry
+        # goes with its last user, so the sandboxes that ended leave nothing behind.
+        self._code_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     async def _op(self, sandbox_id: str, op: str, **fields: Any) -> dict[str, Any]:
         """One agent op; the sandbox counts as active (its keep_warm timer restarts)."""

@@ -8,10 +8,15 @@ real. Both agents' ops are also checked side by side over pipes in tests/unit/te
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
+import select
+import signal
+import struct
 import subprocess
 import sys
+import termios
 import textwrap
 import time
 import urllib.request
@@ -232,10 +237,15 @@ def test_pty_resize_raw_bytes_and_exit_code(sb: SandboxInstance) -> None:
     until(b"45 123")
     # Raw mode (stty raw -echo): bytes pass untranslated both ways. Not ^C: gVisor's line
     # discipline still turns it into SIGINT with -isig (measured, runsc here).
-    p.stdin.write(b"stty raw -echo; echo RE''ADY; head -c 3 | od -An -tx1; exit 3\n")
+    p.stdin.write(b"stty raw -echo; echo RE''ADY; head -c 3 | od -An -tx1; printf 'B''<\\377\\000\\001>E'; exit 3\n")
     until(b"READY")
     p.stdin.write(b"\x00\xff\x01")  # NUL, a non-UTF-8 byte, ^A
     until(b"00 ff 01")
+    # And out: the same raw bytes from the process, exactly, in the stdout chunks.
+    until(b"B<")
+    while b">E" not in buf:
+        buf += next(it)
+    assert buf[:buf.index(b">E")] == b"\xff\x00\x01"
     it.close()
     assert p.wait(timeout=20).exit_code == 3
     with pytest.raises(rollbox.NotAPty):
@@ -284,10 +294,10 @@ def test_wait_timeout_and_a_stdin_write_larger_than_the_pipe(sb: SandboxInstance
 
 
 def test_run_code_keeps_state_and_returns_value_and_error(sb: SandboxInstance) -> None:
-    r = sb.process.run_code("import math\nx = 40\nprint('hi')\nx + 2")
-    assert (r.stdout, r.value, r.error) == ("hi\n", "42", None)
+    r = sb.process.run_code("import math, sys\nx = 40\nprint('hi')\nprint('warn', x, file=sys.stderr)\nx + 2")
+    assert (r.stdout, r.stderr, r.value, r.error) == ("hi\n", "warn 40\n", "42", None)
     r = sb.process.run_code("x += 1\nmath.sqrt(x - 32)")
-    assert r.value == "3.0"
+    assert (r.stdout, r.stderr, r.value) == ("", "", "3.0")  # each snippet's own output only
     r = sb.process.run_code("def f():\n    raise KeyError('k')\nf()")
     assert r.error is not None and r.error.name == "KeyError" and r.error.value == "'k'"
     assert "line 2, in f" in r.error.traceback and "code_driver" not in r.error.traceback
@@ -319,26 +329,33 @@ def test_a_process_running_at_snapshot_runs_on_in_every_copy(client: Client) -> 
     made = [src]
     snap = None
     try:
-        p = src.process.exec("python3", "-u", "-c", "import time,os\nfor i in range(600): print(i); time.sleep(0.05)")
+        # A counter that runs on for as long as the test may take (the sandboxes end it).
+        p = src.process.exec("python3", "-u", "-c", "import time\nfor i in range(10**6): print(i); time.sleep(0.05)")
         it = iter(p.stdout)
         while b"3\n" not in next(it):
             pass
         it.close()
         snap = src.snapshot_memory()
+        at_snap = p.status().stdout_total  # the source's bytes by now: at least what the copy holds
         copy = Sandbox(client=client).create_from_memory_snapshot(snap)
         made.append(copy)
         kid = src.fork(1)[0]
         made.append(kid)
-        for s in (copy, kid):
+        at_fork = p.status().stdout_total
+        for s, before in ((copy, at_snap), (kid, at_fork)):
             listed = {i.pid: i for i in s.process.list_processes()}
             assert listed[p.pid].running
             q = s.process.get_process(p.pid)
             seen = b""
-            for chunk in q.stdout:
+            for chunk in q.stdout:  # through this copy's own handle
                 seen += chunk
-                if seen.count(b"\n") >= 30:
+                if len(seen) >= before + 40 and seen.endswith(b"\n"):  # ~10 lines written after the snapshot
                     break
-            assert seen.startswith(b"0\n1\n2\n3\n")  # the retained output from before the snapshot
+            n = seen.count(b"\n")
+            # The retained output from before the snapshot, then the copy's own process
+            # counting on from where it was: every number once, in order, none missing.
+            assert seen == "".join(f"{i}\n" for i in range(n)).encode(), seen[-200:]
+            assert len(seen) >= before + 40 and q.status().running
             q.kill()
             assert q.wait(timeout=10).exit_code == 137
         assert p.status().running  # the source's own process is untouched by the copies' kills
@@ -364,6 +381,64 @@ def test_rollbox_shell_and_process_ls(sb: SandboxInstance, home: Paths) -> None:
     r = subprocess.run([*cli, "process", "ls", sb.sandbox_id], env=_env(home), capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and "exited" in r.stdout and "bash -l" in r.stdout, r.stdout + r.stderr
+
+
+def _set_winsize(fd: int, rows: int, cols: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def test_rollbox_shell_on_a_terminal_resizes_and_exits_with_the_code(sb: SandboxInstance, home: Paths,
+                                                                      tmp_path: Path) -> None:
+    """`rollbox shell ID` at a real terminal (the slave end of a pty): the sandbox's terminal
+    starts at this one's size, follows it on SIGWINCH, and the CLI exits with the shell's code."""
+    master, slave = os.openpty()
+    _set_winsize(slave, 31, 101)
+    with open(tmp_path / "stderr", "wb") as err:
+        cli = subprocess.Popen([sys.executable, "-m", "rollbox", "shell", sb.sandbox_id], stdin=slave, stdout=slave,
+                               stderr=err, env=_env(home), start_new_session=True)
+    os.close(slave)
+    out = b""
+
+    def until(marker: bytes, limit: float = 30.0) -> bytes:
+        """Reads the terminal until `marker`; returns what came before it (and drops it)."""
+        nonlocal out
+        deadline = time.monotonic() + limit
+        while marker not in out:
+            left = deadline - time.monotonic()
+            assert left > 0, (marker, out[-500:], (tmp_path / "stderr").read_bytes()[-2000:])
+            if select.select([master], [], [], left)[0]:
+                try:
+                    out += os.read(master, 65536)
+                except OSError:  # EIO: the CLI ended and closed the terminal
+                    raise AssertionError((marker, out[-500:], (tmp_path / "stderr").read_bytes()[-2000:])) from None
+        before, out = out.split(marker, 1)
+        return before
+
+    try:
+        # Typing waits for the CLI's raw mode (setting it flushes what was typed before).
+        deadline = time.monotonic() + 30
+        while termios.tcgetattr(master)[3] & termios.ECHO:
+            assert time.monotonic() < deadline and cli.poll() is None, (tmp_path / "stderr").read_bytes()[-2000:]
+            time.sleep(0.05)  # polling the terminal's mode, not ordering by a sleep
+        os.write(master, b"echo RE''ADY-$((6*7)); stty size; echo E''ND\n")
+        until(b"READY-42")
+        assert b"31 101" in until(b"END")  # the size the terminal had when the shell started
+        _set_winsize(master, 45, 140)
+        cli.send_signal(signal.SIGWINCH)
+        # The resize travels as its own request: ask until the shell sees it.
+        for _ in range(20):
+            os.write(master, b"stty size; echo E''ND\n")
+            if b"45 140" in until(b"END"):
+                break
+        else:
+            raise AssertionError("the sandbox's terminal never took the new size 45x140")
+        os.write(master, b"exit 3\n")
+        assert cli.wait(timeout=30) == 3
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+        os.close(master)
 
 
 def test_the_routes_are_in_the_openapi_spec_and_output_streams_once_without_follow(sb: SandboxInstance,

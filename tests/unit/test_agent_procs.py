@@ -136,6 +136,47 @@ def test_kill_reaches_a_setsid_daemon(ag, tmp_path):
     assert dead()
 
 
+def _dead(pid: int) -> bool:
+    """Whether `pid` is gone (or a zombie: killed, waiting for its reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+KEEP_ENDED = 64  # the ended processes both agents list (procs.py, native/src/procs.rs)
+
+
+def test_an_evicted_entry_is_gone_from_the_sandbox(ag, tmp_path):
+    """An ended process pushed out of the table by newer ended ones takes what is left of its
+    tree with it (a setsid'd descendant that still holds its pipes): a process gone from the
+    list is gone from the sandbox."""
+    pidfile = tmp_path / "daemon.pid"
+    first = start(ag, ["sh", "-c", f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' & exit 4"])
+    deadline = time.monotonic() + 10
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)  # polling for the descendant to start, not ordering by a sleep
+    daemon = int(pidfile.read_text())
+    _, _, r = read_all(ag, first)
+    assert r["exit_code"] == 4 and not _dead(daemon)  # the entry ended; its descendant runs on
+    others = []
+    for _ in range(KEEP_ENDED):
+        pid = start(ag, ["true"])
+        assert read_all(ag, pid)[2]["exit_code"] == 0
+        others.append(pid)
+        assert first in {p["pid"] for p in ag.request("proc_list")["processes"]} or len(others) == KEEP_ENDED
+    listed = {p["pid"] for p in ag.request("proc_list")["processes"]}
+    assert first not in listed and set(others) <= listed
+    r = ag.request("proc_status", pid=first)
+    assert (r["ok"], r["error"]) == (False, "process_not_found"), r
+    deadline = time.monotonic() + 5
+    while not _dead(daemon) and time.monotonic() < deadline:
+        time.sleep(0.02)  # polling for the kernel's end of it
+    assert _dead(daemon), f"the evicted entry's descendant {daemon} still runs"
+
+
 def test_kill_with_a_handled_signal(ag):
     pid = start(ag, ["sh", "-c", "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.05; done"])
     r = ag.request("proc_read", pid=pid, offsets={"stdout": 0, "stderr": 0}, wait=10.0)
