@@ -37,7 +37,7 @@ from typing import Any
 from .. import errors
 from ..client.transport import Client
 from ..types import EpisodeResult
-from ._aio import streaming
+from ._aio import threaded_stream
 from .backends import LOCAL, AttemptOutcome, PoolBackend, PoolSpec, get_backend, resolve_backend
 from .containers import ContainerInstance, EpisodePoolClient
 from .sandbox import Sandbox, SandboxInstance, default_client
@@ -327,7 +327,7 @@ class SandboxPool:
                                  reward=reward, attempts=attempts, sandbox_id=sb.sandbox_id if sb else None,
                                  wall_s=time.monotonic() - start, error=err, ttfc_ms=ttfc)
 
-    @streaming
+    @threaded_stream
     def map(self, fn: Callable[[SandboxInstance, Any], Any], tasks: Iterable[Any], *, timeout: float | None = 60.0,
             retries: int = 1, ordered: bool = False, progress: bool | None = None) -> Iterator[EpisodeResult]:
         """Runs `fn(sandbox, task)` for every task; yields an EpisodeResult per task.
@@ -422,7 +422,7 @@ class SandboxPool:
             self._stream = _Stream(self)
         return self._stream.submit(episode, task, timeout, retries)
 
-    @streaming
+    @threaded_stream
     def as_completed(self, timeout: float | None = None) -> Iterator[EpisodeResult]:
         """Yields the EpisodeResult of every submitted episode as it finishes (each once),
         including episodes submitted while iterating; returns when none is outstanding.
