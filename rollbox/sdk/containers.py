@@ -89,7 +89,11 @@ class EpisodePoolClient:
     def begin(self) -> ContainerInstance:
         """A fresh container (waits for a free slot). Raises SandboxLost (retryable) or
         UnsupportedOperation (the snapshot's image cannot host containers)."""
-        r = self.client.request("POST", f"/episode-pools/{self.pool_id}/containers", json={})
+        return PORTAL.run(self.abegin())
+
+    async def abegin(self) -> ContainerInstance:
+        """`begin`, awaitable (on the SDK's event loop)."""
+        r = await self.client.aio.request("POST", f"/episode-pools/{self.pool_id}/containers", json={})
         return ContainerInstance(str(r["sandbox_id"]), str(r["container_id"]), self)
 
     def end(self, container_id: str, status: str) -> None:
