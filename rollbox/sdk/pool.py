@@ -145,6 +145,13 @@ class SandboxPool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    async def __aenter__(self) -> "SandboxPool":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """`async with SandboxPool(...)`: closes without blocking the caller's event loop."""
+        await asyncio.to_thread(self.close)
+
     def _container_pool(self) -> EpisodePoolClient:
         with self._containers_lock:
             if self._containers is None:
