@@ -1,21 +1,25 @@
-"""`.aio` async mirrors of the blocking SDK methods, derived from one implementation.
+"""Blocking and awaitable forms of the SDK's methods, from one async implementation.
 
-`sb.exec(...)` blocks; `await sb.exec.aio(...)` runs the same code on the SDK's own thread
-pool (the I/O is HTTP to the daemon, which does the real work), as Beam/Modal users write it.
-Streams have async forms too: `async for res in pool.map.aio(fn, tasks)`.
+Each SDK method is written once, as a coroutine (httpx's async client underneath, see
+`rollbox.client.aclient`) and decorated:
 
-Single-sourced: each method is written once (blocking) and decorated; the decorators keep its
-signature for type checkers (ParamSpec), so `sb.exec.aio` is typed like `sb.exec`.
+    @synchronized
+    async def exec(self, *args: str, ...) -> ExecResult: ...
 
-Cancellation cleans up: cancelling an awaited call whose result owns something (a created
-sandbox, a started process) releases it when the call finishes in its thread (`cleanup=`:
-`create.aio` cancelled mid-boot terminates the sandbox as soon as it exists, instead of
-leaving it to keep_warm_seconds); closing or cancelling an async iteration closes the blocking
-generator, which ends what it started (a pool map ends the sandboxes of episodes in flight).
+gives `sb.exec(...)` (blocks: runs the coroutine on the SDK's event loop, `client/portal.py`)
+and `await sb.exec.aio(...)` (awaits it from any event loop). Type checkers see both with the
+method's own signature (ParamSpec). `@streaming` does the same for async generators:
+`for x in obj.method(...)` and `async for x in obj.method.aio(...)`.
 
-Why threads and not an async HTTP client underneath: the daemon does the waiting; the SDK's
-own thread pool (AIO_THREADS, separate from asyncio's default executor, so an RL loop's
-to_thread calls never queue behind rollbox's) keeps one implementation for both forms.
+Cancellation: cancelling an awaited `.aio` call (or interrupting a blocking one) cancels the
+coroutine on the SDK's loop, which stops its request. A call whose result owns something the
+daemon made (a created sandbox, a fork's copies) is `@cleaning(release)`: it is not interrupted
+midway (the daemon would go on making it, unseen), and `release(result)` ends what it made once
+it is there, so a cancelled `create.aio` leaves no sandbox behind.
+
+The pool and `@function` orchestrate the user's own blocking episode functions on threads;
+their streams get `async for` forms through `threaded_stream` (each step in a worker thread of
+the SDK's own pool, separate from asyncio's default executor).
 """
 
 from __future__ import annotations
@@ -24,67 +28,65 @@ import asyncio
 import concurrent.futures as cf
 import functools
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+
+from ..client.portal import PORTAL
 
 P = ParamSpec("P")
 T = TypeVar("T")
 S = TypeVar("S")
 Y = TypeVar("Y")
 
-AIO_THREADS = 512  # concurrent .aio calls in flight (each waits on the daemon, not a core)
-_executor: cf.ThreadPoolExecutor | None = None
-_executor_lock = threading.Lock()
+Release = Callable[[Any], Awaitable[object]]
 
 
-def executor() -> cf.ThreadPoolExecutor:
-    """The SDK's own thread pool for `.aio` calls (made on first use)."""
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            _executor = cf.ThreadPoolExecutor(AIO_THREADS, thread_name_prefix="rollbox-aio")
-        return _executor
-
-
-def _release(cleanup: Callable[[Any], object], fut: "asyncio.Future[Any]") -> None:
-    if fut.cancelled() or fut.exception() is not None:
-        return
-    executor().submit(cleanup, fut.result())
-
-
-async def run_in_thread(fn: Callable[[], T], cleanup: Callable[[T], object] | None = None) -> T:
-    """Runs `fn()` on the SDK's thread pool; when the awaiting task is cancelled, `fn` still
-    finishes (a thread cannot be interrupted) and `cleanup(result)` then releases its result."""
-    fut = asyncio.get_running_loop().run_in_executor(executor(), fn)
+async def _guarded(coro: Coroutine[Any, Any, T], release: Release) -> T:
+    """Runs `coro` to its end even when the caller is cancelled; then `release(result)`."""
+    task = asyncio.ensure_future(coro)
     try:
-        return await asyncio.shield(fut)
+        return await asyncio.shield(task)
     except asyncio.CancelledError:
-        if cleanup is not None:
-            fut.add_done_callback(functools.partial(_release, cleanup))
+        def done(t: "asyncio.Task[T]") -> None:
+            if not t.cancelled() and t.exception() is None:
+                PORTAL.spawn(_ignore(release(t.result())))
+        task.add_done_callback(done)
         raise
 
 
+async def _ignore(aw: Awaitable[object]) -> None:
+    try:
+        await aw
+    except Exception:  # noqa: BLE001 - best effort: keep_warm_seconds is the backstop
+        pass
+
+
 class _Bound(Generic[P, T]):
-    def __init__(self, fn: Callable[P, T], cleanup: Callable[[T], object] | None) -> None:
+    def __init__(self, fn: Callable[P, Coroutine[Any, Any, T]], release: Release | None) -> None:
         self._fn = fn
-        self._cleanup = cleanup
+        self._release = release
         functools.update_wrapper(self, fn)
 
+    def _coro(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, T]:
+        coro = self._fn(*args, **kwargs)
+        return coro if self._release is None else _guarded(coro, self._release)
+
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self._fn(*args, **kwargs)
+        PORTAL.check_not_in_loop()
+        return PORTAL.run(self._coro(*args, **kwargs))
 
     async def aio(self, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await run_in_thread(functools.partial(self._fn, *args, **kwargs), self._cleanup)
+        return await PORTAL.run_async(self._coro(*args, **kwargs))
 
 
 class synchronized(Generic[S, P, T]):  # noqa: N801 - used as a decorator
-    """Method decorator: the method stays blocking and gains an awaitable `.aio` twin with the
-    same signature. `@cleaning(fn)` is the same and also names what releases the method's
-    result when an `.aio` call is cancelled (e.g. `SandboxInstance.terminate`)."""
+    """Method decorator over a coroutine function: calling the method blocks until the
+    coroutine (run on the SDK's loop) returns; `.aio(...)` awaits it. `@cleaning(release)` is
+    the same and names what releases the result of a cancelled call."""
 
-    def __init__(self, fn: Callable[Concatenate[S, P], T], cleanup: Callable[[T], object] | None = None) -> None:
+    def __init__(self, fn: Callable[Concatenate[S, P], Coroutine[Any, Any, T]], release: Release | None = None) -> None:
         self._fn = fn
-        self._cleanup = cleanup
+        self._release = release
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
     @overload
@@ -96,18 +98,114 @@ class synchronized(Generic[S, P, T]):  # noqa: N801 - used as a decorator
     def __get__(self, obj: S | None, owner: type | None = None) -> "synchronized[S, P, T] | _Bound[P, T]":
         if obj is None:
             return self
-        return _Bound(functools.partial(self._fn, obj), self._cleanup)
+        return _Bound(functools.partial(self._fn, obj), self._release)
 
 
-def cleaning(cleanup: Callable[[Any], object]) -> Callable[[Callable[Concatenate[S, P], T]], synchronized[S, P, T]]:
-    """`@synchronized` whose `.aio`, when cancelled, passes the method's eventual result to
-    `cleanup` (e.g. `lambda sb: sb.terminate()`)."""
-    def deco(fn: Callable[Concatenate[S, P], T]) -> synchronized[S, P, T]:
-        return synchronized(fn, cleanup)
+def cleaning(release: Release) -> Callable[[Callable[Concatenate[S, P], Coroutine[Any, Any, T]]],
+                                           synchronized[S, P, T]]:
+    """`@synchronized` whose call, when cancelled, runs to its end and passes its result to
+    `release` (a coroutine function, e.g. `lambda sb: sb.terminate.aio()`)."""
+    def deco(fn: Callable[Concatenate[S, P], Coroutine[Any, Any, T]]) -> synchronized[S, P, T]:
+        return synchronized(fn, release)
     return deco
 
 
 class _BoundStream(Generic[P, Y]):
+    def __init__(self, fn: Callable[P, AsyncIterator[Y]]) -> None:
+        self._fn = fn
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[Y]:
+        PORTAL.check_not_in_loop()
+        return PORTAL.iterate(self._fn(*args, **kwargs))
+
+    def aio(self, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[Y]:
+        """The same stream for `async for`; leaving the loop early closes it."""
+        return PORTAL.aiterate(self._fn(*args, **kwargs))
+
+
+class streaming(Generic[S, P, Y]):  # noqa: N801 - used as a decorator
+    """Decorator of an async generator method: `for x in obj.method(...)` blocks per item;
+    `async for x in obj.method.aio(...)` awaits them."""
+
+    def __init__(self, fn: Callable[Concatenate[S, P], AsyncIterator[Y]]) -> None:
+        self._fn = fn
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> "streaming[S, P, Y]": ...
+
+    @overload
+    def __get__(self, obj: S, owner: type | None = None) -> _BoundStream[P, Y]: ...
+
+    def __get__(self, obj: S | None, owner: type | None = None) -> "streaming[S, P, Y] | _BoundStream[P, Y]":
+        if obj is None:
+            return self
+        return _BoundStream(functools.partial(self._fn, obj))
+
+
+# ---- thread-based forms, for the pool and @function (they run the user's blocking code) -----
+
+AIO_THREADS = 512  # concurrent threaded steps in flight (each waits on the daemon, not a core)
+_executor: cf.ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def executor() -> cf.ThreadPoolExecutor:
+    """The SDK's own thread pool for threaded `.aio` forms (made on first use)."""
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = cf.ThreadPoolExecutor(AIO_THREADS, thread_name_prefix="rollbox-aio")
+        return _executor
+
+
+async def run_in_thread(fn: Callable[[], T], release: Callable[[T], object] | None = None) -> T:
+    """Runs `fn()` on the SDK's thread pool; when the awaiting task is cancelled, `fn` still
+    finishes (a thread cannot be interrupted) and `release(result)` then releases its result."""
+    fut = asyncio.get_running_loop().run_in_executor(executor(), fn)
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        if release is not None:
+            fut.add_done_callback(lambda f: None if f.cancelled() or f.exception() is not None
+                                  else executor().submit(release, f.result()))
+        raise
+
+
+class _ThreadedBound(Generic[P, T]):
+    def __init__(self, fn: Callable[P, T]) -> None:
+        self._fn = fn
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._fn(*args, **kwargs)
+
+    async def aio(self, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await run_in_thread(functools.partial(self._fn, *args, **kwargs))
+
+
+class threaded(Generic[S, P, T]):  # noqa: N801 - used as a decorator
+    """Decorator of a blocking method that orchestrates threads (it runs user code): it stays
+    blocking and gains an awaitable `.aio` twin run in a worker thread."""
+
+    def __init__(self, fn: Callable[Concatenate[S, P], T]) -> None:
+        self._fn = fn
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> "threaded[S, P, T]": ...
+
+    @overload
+    def __get__(self, obj: S, owner: type | None = None) -> _ThreadedBound[P, T]: ...
+
+    def __get__(self, obj: S | None, owner: type | None = None) -> "threaded[S, P, T] | _ThreadedBound[P, T]":
+        if obj is None:
+            return self
+        return _ThreadedBound(functools.partial(self._fn, obj))
+
+
+class _ThreadedStream(Generic[P, Y]):
     def __init__(self, fn: Callable[P, Iterator[Y]]) -> None:
         self._fn = fn
         functools.update_wrapper(self, fn)
@@ -136,34 +234,33 @@ class _BoundStream(Generic[P, Y]):
                 # Closing runs the generator's cleanup (a pool map ends its episodes' sandboxes),
                 # which blocks: in a thread, once a `next` still running there has returned
                 # (a generator cannot be closed while it executes).
-                def finish() -> None:
-                    if step is not None:
-                        try:
-                            cf.wait([step_cf])
-                        except Exception:  # noqa: BLE001 - only its end matters here
-                            pass
-                    close()
                 step_cf: cf.Future[Any] = cf.Future()
                 if step is not None:
                     step.add_done_callback(lambda _f: step_cf.set_result(None))
+                else:
+                    step_cf.set_result(None)
+
+                def finish() -> None:
+                    cf.wait([step_cf])
+                    close()
                 await asyncio.shield(loop.run_in_executor(executor(), finish))
 
 
-class streaming(Generic[S, P, Y]):  # noqa: N801 - used as a decorator
-    """Decorator of a method returning an iterator: it stays blocking and gains
-    `async for x in obj.method.aio(...)`."""
+class threaded_stream(Generic[S, P, Y]):  # noqa: N801 - used as a decorator
+    """Decorator of a blocking method returning an iterator (the pool's map): it stays
+    blocking and gains `async for x in obj.method.aio(...)`."""
 
     def __init__(self, fn: Callable[Concatenate[S, P], Iterator[Y]]) -> None:
         self._fn = fn
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
     @overload
-    def __get__(self, obj: None, owner: type | None = None) -> "streaming[S, P, Y]": ...
+    def __get__(self, obj: None, owner: type | None = None) -> "threaded_stream[S, P, Y]": ...
 
     @overload
-    def __get__(self, obj: S, owner: type | None = None) -> _BoundStream[P, Y]: ...
+    def __get__(self, obj: S, owner: type | None = None) -> _ThreadedStream[P, Y]: ...
 
-    def __get__(self, obj: S | None, owner: type | None = None) -> "streaming[S, P, Y] | _BoundStream[P, Y]":
+    def __get__(self, obj: S | None, owner: type | None = None) -> "threaded_stream[S, P, Y] | _ThreadedStream[P, Y]":
         if obj is None:
             return self
-        return _BoundStream(functools.partial(self._fn, obj))
+        return _ThreadedStream(functools.partial(self._fn, obj))

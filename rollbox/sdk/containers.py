@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import errors
 from ..client.transport import Client
+from ..client.portal import PORTAL
 from ._aio import synchronized
 from .sandbox import SandboxInstance
 
@@ -37,22 +38,22 @@ class ContainerInstance(SandboxInstance):
     def __repr__(self) -> str:
         return f"ContainerInstance({self.sandbox_id!r}, {self.container_id!r})"
 
-    def _call(self, method: str, sub: str, body: Any = None) -> Any:
+    async def _call(self, method: str, sub: str, body: Any = None) -> Any:
         if sub not in CONTAINER_CALLS:
             raise errors.UnsupportedOperation(
                 f"`{sub}` is not available in an episode container (SandboxPool isolation='container'): "
                 "containers offer exec and fs; use isolation='sandbox' for snapshots, ports and pause",
                 sandbox_id=self.sandbox_id)
-        return self._client.request(method, f"/sandboxes/{self.sandbox_id}/containers/{self.container_id}/{sub}",
-                                    json=body)
+        return await self._client.aio.request(
+            method, f"/sandboxes/{self.sandbox_id}/containers/{self.container_id}/{sub}", json=body)
 
     @synchronized
-    def terminate(self) -> None:
+    async def terminate(self) -> None:
         """Ends the container: every process of it is killed and its files discarded. Idempotent."""
         if self.terminated:
             return
         self.terminated = True
-        self._pool.end(self.container_id, "ok")
+        await self._pool.aend(self.container_id, "ok")
 
 
 class EpisodePoolClient:
@@ -88,15 +89,23 @@ class EpisodePoolClient:
     def begin(self) -> ContainerInstance:
         """A fresh container (waits for a free slot). Raises SandboxLost (retryable) or
         UnsupportedOperation (the snapshot's image cannot host containers)."""
-        r = self.client.request("POST", f"/episode-pools/{self.pool_id}/containers", json={})
+        return PORTAL.run(self.abegin())
+
+    async def abegin(self) -> ContainerInstance:
+        """`begin`, awaitable (on the SDK's event loop)."""
+        r = await self.client.aio.request("POST", f"/episode-pools/{self.pool_id}/containers", json={})
         return ContainerInstance(str(r["sandbox_id"]), str(r["container_id"]), self)
 
     def end(self, container_id: str, status: str) -> None:
         """Destroys the container; `status` (the episode's) tells the daemon whether to retire
         its pooled sandbox. An already ended container is not an error."""
+        PORTAL.run(self.aend(container_id, status))
+
+    async def aend(self, container_id: str, status: str) -> None:
+        """`end`, awaitable (on the SDK's event loop)."""
         try:
-            self.client.request("DELETE", f"/episode-pools/{self.pool_id}/containers/{container_id}",
-                                params={"status": status})
+            await self.client.aio.request("DELETE", f"/episode-pools/{self.pool_id}/containers/{container_id}",
+                                          params={"status": status})
         except (errors.ContainerNotFound, errors.EpisodePoolNotFound):
             pass
 

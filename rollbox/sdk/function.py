@@ -32,7 +32,7 @@ import cloudpickle
 from .. import errors
 from ..client.default import default_client
 from ..client.transport import Client
-from ._aio import streaming, synchronized
+from ._aio import threaded, threaded_stream
 from .backends import LOCAL, get_backend, resolve_backend
 from .image import Image
 from .pool import SandboxPool
@@ -204,7 +204,7 @@ class Function(Generic[R]):
             raise exc
         raise FunctionError(f"function {self.fn.__qualname__} raised {summary}", tb)
 
-    @synchronized
+    @threaded
     def remote(self, *args: Any, **kwargs: Any) -> R:
         """Runs one call in a fresh sandbox and returns its result.
 
@@ -235,7 +235,7 @@ class Function(Generic[R]):
         """Runs the function here, in this process (no sandbox)."""
         return self.fn(*args, **kwargs)
 
-    @streaming
+    @threaded_stream
     def map(self, inputs: Iterable[Any], *, max_concurrency: int = 4, return_exceptions: bool = False,
             isolation: str = "sandbox") -> Iterator[R | BaseException]:
         """Calls the function once per input (one argument each), each in a fresh sandbox

@@ -204,12 +204,12 @@ class Image:
         return dict(self.base) if self.base else {"image_id": self.image_id}
 
     @synchronized
-    def build(self, client: "Client | None" = None) -> str:
+    async def build(self, client: "Client | None" = None) -> str:
         """Imports the base and builds the steps (cached); returns the image id."""
-        return str(self.build_report(client)["image_id"])
+        return str((await self.build_report.aio(client))["image_id"])
 
     @synchronized
-    def build_report(self, client: "Client | None" = None) -> dict[str, Any]:
+    async def build_report(self, client: "Client | None" = None) -> dict[str, Any]:
         """As build(), with {"image_id", "base_image_id", "steps": [{"step", "image_id",
         "cached", "seconds"}]}. Raises ImageBuildError (a step failed; its output is in the
         message) and the errors of the base (see from_registry)."""
@@ -224,13 +224,14 @@ class Image:
         notice.daemon = True
         notice.start()
         try:
-            return dict(c.request("POST", "/images/build", json={"base": self.base_wire(), "steps": list(self.steps)}))
+            return dict(await c.aio.request("POST", "/images/build", json={"base": self.base_wire(), "steps": list(self.steps)}))
         finally:
             notice.cancel()
 
-    def resolve(self, client: "Client") -> str:
+    @synchronized
+    async def resolve(self, client: "Client") -> str:
         """The image id a sandbox boots: this id, or the built one."""
-        return self.build(client) if self.needs_build else self.image_id
+        return await self.build.aio(client) if self.needs_build else self.image_id
 
 
 def _reproducible(ti: tarfile.TarInfo) -> tarfile.TarInfo:

@@ -22,25 +22,29 @@ pooled sandboxes are restored on demand and serve many episodes each.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
-import itertools
+import inspect
 import math
 import numbers
-import queue
 import secrets
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 from .. import errors
+from ..client.portal import PORTAL
 from ..client.transport import Client
 from ..types import EpisodeResult
-from ._aio import streaming
-from .backends import LOCAL, AttemptOutcome, PoolBackend, PoolSpec, get_backend, resolve_backend
+from ._aio import threaded_stream
+from .backends import LOCAL, AttemptOutcome, EpisodeFn, PoolBackend, PoolSpec, get_backend, resolve_backend
 from .containers import ContainerInstance, EpisodePoolClient
+from .pool_stream import EpisodeStream
 from .sandbox import Sandbox, SandboxInstance, default_client
+
+Outcome = tuple[str, Any, "str | None", "SandboxInstance | None", "float | None", bool]
 
 # SandboxPool's isolation modes: "sandbox" = a fresh gVisor sandbox restored per episode (the
 # strongest: episodes share only the host kernel behind gVisor); "container" = a fresh
@@ -111,12 +115,10 @@ class SandboxPool:
         self._containers_lock = threading.Lock()
         self.keep_warm_seconds = keep_warm_seconds
         self._client = client or default_client()
-        self._reaper = cf.ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="rollbox-teardown")
-        # Held from a sandbox's restore until its teardown is done, so the number of this
-        # pool's sandboxes is bounded (max_concurrency running + a few being torn down) even
-        # when teardown is slower than episodes; the slack lets the next episode start while
-        # the last one's sandbox is still being deleted.
-        self._slots = threading.BoundedSemaphore(max_concurrency + max(2, max_concurrency // 2))
+        self._sems: tuple[asyncio.Semaphore, asyncio.Semaphore] | None = None
+        self._sems_generation = -1
+        self._teardowns: set[asyncio.Task[None]] = set()  # on the SDK's loop
+        self._closed = False
         # Every episode sandbox carries this tag, so close() can find one whose create reply
         # was lost (a daemon crash mid-request) and would otherwise live until its TTL.
         self.pool_id = secrets.token_hex(8)
@@ -126,7 +128,7 @@ class SandboxPool:
         self._aborted = False
         self.fn = fn
         self.scale_down_after_s = scale_down_after_s
-        self._stream: _Stream | None = None
+        self._stream: EpisodeStream | None = None
         self.lease_s = lease_s
         self._lease_stop = threading.Event()
         self._lease_thread: threading.Thread | None = None
@@ -142,6 +144,13 @@ class SandboxPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    async def __aenter__(self) -> "SandboxPool":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """`async with SandboxPool(...)`: closes without blocking the caller's event loop."""
+        await asyncio.to_thread(self.close)
 
     def _container_pool(self) -> EpisodePoolClient:
         with self._containers_lock:
@@ -181,22 +190,31 @@ class SandboxPool:
 
     def terminate_live(self) -> None:
         """Terminates every sandbox of this pool that is still alive (errors ignored)."""
+        PORTAL.run(self._aterminate_live())
+
+    async def _aterminate_live(self) -> None:
+        c = self._client.aio
         try:
-            for info in self._client.request("GET", "/sandboxes"):
-                if isinstance(info, dict) and info.get("tags", {}).get("rollbox.pool") == self.pool_id:
-                    try:
-                        self._client.request("DELETE", f"/sandboxes/{info['sandbox_id']}")
-                    except errors.RollboxError:
-                        pass
+            rows = await c.request("GET", "/sandboxes")
         except errors.RollboxError:
-            pass
+            return
+        mine = [r["sandbox_id"] for r in rows
+                if isinstance(r, dict) and r.get("tags", {}).get("rollbox.pool") == self.pool_id]
+
+        async def end(sandbox_id: str) -> None:
+            try:
+                await c.request("DELETE", f"/sandboxes/{sandbox_id}")
+            except errors.RollboxError:
+                pass
+        await asyncio.gather(*(end(i) for i in mine))
 
     def close(self) -> None:
         """Waits for teardowns in flight, then terminates any sandbox of this pool still alive."""
         if self._stream is not None:
             self._stream.close()
             self._stream = None
-        self._reaper.shutdown(wait=True)
+        self._closed = True
+        PORTAL.run(self._drain_teardowns())
         if self._remote is not None:
             self._remote.close()
             return
@@ -217,82 +235,89 @@ class SandboxPool:
             except errors.RollboxError:
                 pass
 
-    def _terminate_later(self, sb: SandboxInstance, status: str = "ok") -> None:
-        def go() -> None:
+    # ---- one attempt (async, on the SDK's event loop) ---------------------------------------
+
+    def _limits(self) -> tuple[asyncio.Semaphore, asyncio.Semaphore]:
+        """(episodes running, sandboxes alive): made on the SDK's loop on first use."""
+        if self._sems is None or self._sems_generation != PORTAL.generation:
+            # Sandboxes stay held from restore until their teardown is done, so their number
+            # is bounded (max_concurrency running + a few being torn down) even when teardown
+            # is slower than episodes; the slack lets the next episode start meanwhile.
+            self._sems = (asyncio.Semaphore(self.max_concurrency),
+                          asyncio.Semaphore(self.max_concurrency + max(2, self.max_concurrency // 2)))
+            self._sems_generation = PORTAL.generation
+        return self._sems
+
+    async def _drain_teardowns(self) -> None:
+        while self._teardowns:
+            await asyncio.gather(*list(self._teardowns), return_exceptions=True)
+
+    def _terminate_later(self, sb: SandboxInstance, status: str, slots: asyncio.Semaphore) -> None:
+        async def go() -> None:
             try:
                 if isinstance(sb, ContainerInstance):
                     sb.terminated = True
-                    sb._pool.end(sb.container_id, status)
+                    await sb._pool.aend(sb.container_id, status)
                 else:
-                    sb.terminate()
+                    await sb.terminate.aio()
             except errors.RollboxError:
                 pass
             finally:
-                self._slots.release()
-        try:
-            self._reaper.submit(go)
-        except RuntimeError:  # closed while this attempt ran (a Ray node's late attempt): end it now
-            go()
+                slots.release()
+        task = asyncio.ensure_future(go())
+        self._teardowns.add(task)
+        task.add_done_callback(self._teardowns.discard)
 
-    def attempt(self, fn: Callable[[SandboxInstance, Any], Any], task: Any, timeout: float | None) -> AttemptOutcome:
+    def attempt(self, fn: EpisodeFn, task: Any, timeout: float | None) -> AttemptOutcome:
         """One episode attempt on one fresh sandbox, classified as `map` classifies it (the
         public entry point of a backend's node: rollbox.sdk.backends).
 
         Raises:
             SnapshotNotFound, InvalidArgument: as `map` does (not retryable).
         """
-        status, value, err, sb, ttfc_ms, retryable = self._attempt(fn, task, timeout)
+        status, value, err, sb, ttfc_ms, retryable = PORTAL.run(self._attempt(fn, task, timeout, None))
         return AttemptOutcome(status, value, err, sb.sandbox_id if sb else None, ttfc_ms, retryable)
 
-    def _attempt(self, fn: Callable[[SandboxInstance, Any], Any], task: Any, timeout: float | None
-                 ) -> tuple[str, Any, str | None, SandboxInstance | None, float | None, bool]:
+    async def _fresh_sandbox(self) -> SandboxInstance:
+        if self.isolation == "container":
+            pool = self._containers if self._containers is not None else await asyncio.to_thread(self._container_pool)
+            return await pool.abegin()
+        if self._lease_thread is None:
+            await asyncio.to_thread(self._hold_lease)
+        return await Sandbox(keep_warm_seconds=self.keep_warm_seconds, client=self._client,
+                             tags={"rollbox.pool": self.pool_id}).create_from_memory_snapshot.aio(self.snapshot_id)
+
+    async def _attempt(self, fn: EpisodeFn, task: Any, timeout: float | None,
+                       user_loop: asyncio.AbstractEventLoop | None) -> Outcome:
         """One attempt on one fresh sandbox: (status, value, error, sandbox, ttfc_ms, retryable)."""
-        self._slots.acquire()
+        _running, slots = self._limits()
+        await slots.acquire()
         t0 = time.monotonic()
         sb: Any  # a SandboxInstance, or a ContainerInstance with the same episode API
         try:
-            if self.isolation == "container":
-                sb = self._container_pool().begin()
-            else:
-                if self._lease_thread is None:
-                    self._hold_lease()
-                sb = Sandbox(keep_warm_seconds=self.keep_warm_seconds, client=self._client,
-                             tags={"rollbox.pool": self.pool_id}).create_from_memory_snapshot(self.snapshot_id)
+            sb = await self._fresh_sandbox()
         except errors.RollboxError as e:
-            self._slots.release()
+            slots.release()
             if isinstance(e, (errors.SnapshotNotFound, errors.InvalidArgument, errors.UnsupportedOperation,
                               errors.VolumeBusy)):
                 raise
             return "infra_error", None, f"{type(e).__name__}: {e}", None, None, True
         except BaseException:
-            self._slots.release()
+            slots.release()
             raise
         ttfc_ms = (time.monotonic() - t0) * 1000
-        box: dict[str, Any] = {}
-        done = threading.Event()
-
-        def run() -> None:
-            try:
-                box["value"] = fn(sb, task)
-            except BaseException as e:  # noqa: BLE001 - classified below
-                box["exc"] = e
-            finally:
-                done.set()
-
-        threading.Thread(target=run, daemon=True, name=f"episode-{sb.sandbox_id}").start()
-        finished = done.wait(timeout)
-        outcome: tuple[str, Any, str | None, SandboxInstance | None, float | None, bool] = (
-            "infra_error", None, "episode did not finish", sb, ttfc_ms, True)
+        outcome: Outcome = ("infra_error", None, "episode did not finish", sb, ttfc_ms, True)
         try:
+            box, finished = await _run_episode(fn, sb, task, timeout, user_loop)
             outcome = self._classify(sb, box, finished, timeout, ttfc_ms)
             return outcome
         finally:
             # Terminating also ends a runaway episode: its pending calls fail and it returns.
-            self._terminate_later(sb, outcome[0])
+            self._terminate_later(sb, outcome[0], slots)
 
     @staticmethod
     def _classify(sb: SandboxInstance, box: dict[str, Any], finished: bool, timeout: float | None,
-                  ttfc_ms: float) -> tuple[str, Any, str | None, SandboxInstance | None, float | None, bool]:
+                  ttfc_ms: float) -> Outcome:
         if not finished:
             return "timeout", None, f"episode ran past {timeout} s", sb, ttfc_ms, False
         if sb.saw_oom:
@@ -308,34 +333,44 @@ class SandboxPool:
             return "timeout", box.get("value"), "a command timed out", sb, ttfc_ms, False
         return "ok", box.get("value"), None, sb, ttfc_ms, False
 
-    def _episode(self, index: int, fn: Callable[[SandboxInstance, Any], Any], task: Any,
-                 timeout: float | None, retries: int) -> EpisodeResult:
-        start = time.monotonic()
-        attempts = 0
-        while True:
-            attempts += 1
-            status, value, err, sb, ttfc, retryable = self._attempt(fn, task, timeout)
-            if status == "infra_error" and retryable and attempts <= retries and not self._aborted:
-                continue
-            if status == "ok":
-                reward = reward_of(value)
-            elif status == "infra_error":
-                reward = None
-            else:
-                reward = 0.0
-            return EpisodeResult(index=index, status=status, value=value if status == "ok" else None,  # type: ignore[arg-type]
-                                 reward=reward, attempts=attempts, sandbox_id=sb.sandbox_id if sb else None,
-                                 wall_s=time.monotonic() - start, error=err, ttfc_ms=ttfc)
+    async def _episode(self, index: int, fn: EpisodeFn, task: Any, timeout: float | None, retries: int,
+                       user_loop: asyncio.AbstractEventLoop | None = None) -> EpisodeResult:
+        running, _slots = self._limits()
+        async with running:
+            start = time.monotonic()
+            attempts = 0
+            while True:
+                attempts += 1
+                status, value, err, sb, ttfc, retryable = await self._attempt(fn, task, timeout, user_loop)
+                if status == "infra_error" and retryable and attempts <= retries and not self._aborted:
+                    continue
+                if status == "ok":
+                    reward = reward_of(value)
+                elif status == "infra_error":
+                    reward = None
+                else:
+                    reward = 0.0
+                return EpisodeResult(index=index, status=status, value=value if status == "ok" else None,  # type: ignore[arg-type]
+                                     reward=reward, attempts=attempts, sandbox_id=sb.sandbox_id if sb else None,
+                                     wall_s=time.monotonic() - start, error=err, ttfc_ms=ttfc)
 
-    @streaming
-    def map(self, fn: Callable[[SandboxInstance, Any], Any], tasks: Iterable[Any], *, timeout: float | None = 60.0,
-            retries: int = 1, ordered: bool = False, progress: bool | None = None) -> Iterator[EpisodeResult]:
-        """Runs `fn(sandbox, task)` for every task; yields an EpisodeResult per task.
+    # ---- map -------------------------------------------------------------------------------
+
+    @property
+    def map(self) -> "_Map":
+        """`pool.map(fn, tasks, ...)`: runs `fn(sandbox, task)` for every task; yields an
+        EpisodeResult per task. `async for res in pool.map.aio(fn, tasks, ...)` is the same,
+        awaited.
 
         Args:
             fn: the episode; its return value is the reward (bool, number, or {"reward": x, ...}).
+                A plain function runs in a thread of its own per episode (its blocking SDK
+                calls are fine there); a coroutine function is awaited on the event loop that
+                called `map.aio` (its `await sb.exec.aio(...)` calls are fine there), or on
+                the SDK's loop under the blocking `map`.
             tasks: any iterable; materialised up front.
-            timeout: seconds per episode attempt (restore excluded); None = no limit.
+            timeout: seconds per episode attempt (restore excluded); None = no limit. A
+                coroutine episode past it is cancelled.
             retries: extra attempts, each on a fresh sandbox, after an infrastructure fault.
             ordered: yield in input order instead of completion order.
             progress: show a rich progress bar; None = only when stderr is a terminal.
@@ -346,15 +381,29 @@ class SandboxPool:
         Raises:
             SnapshotNotFound: the snapshot id is unknown (raised before any episode runs).
         """
+        return _Map(self)
+
+    async def _amap(self, fn: EpisodeFn, tasks: Iterable[Any], timeout: float | None, retries: int,
+                    ordered: bool, progress: bool | None, user_loop: asyncio.AbstractEventLoop | None
+                    ) -> AsyncIterator[EpisodeResult]:
         if self._remote is not None:
-            yield from self._remote.map(fn, tasks, timeout=timeout, retries=retries, ordered=ordered, progress=progress)
+            remote = self._remote
+            it = await asyncio.to_thread(lambda: iter(remote.map(fn, tasks, timeout=timeout, retries=retries,
+                                                                 ordered=ordered, progress=progress)))
+            try:
+                while (res := await asyncio.to_thread(next, it, None)) is not None:
+                    yield res
+            finally:
+                close = getattr(it, "close", None)
+                if close is not None:
+                    await asyncio.to_thread(close)
             return
         items = list(tasks)
         if retries < 0:
             raise errors.InvalidArgument(f"retries={retries} must be >= 0")
-        self._client.request("GET", "/snapshots")  # reachability; bad ids surface on first restore
+        await self._client.aio.request("GET", "/snapshots")  # reachability; bad ids surface on first restore
         if self.warm:
-            self.start_warm()
+            await asyncio.to_thread(self.start_warm)
         show = sys.stderr.isatty() if progress is None else progress
         bar = None
         if show:
@@ -363,42 +412,43 @@ class SandboxPool:
                            transient=False)
             bar_task = bar.add_task("episodes", total=len(items))
             bar.start()
+        running = [asyncio.ensure_future(self._episode(i, fn, t, timeout, retries, user_loop))
+                   for i, t in enumerate(items)]
+        pending: dict[int, EpisodeResult] = {}
+        next_i = 0
         try:
-            with cf.ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="rollbox-episode") as ex:
-                futs = {ex.submit(self._episode, i, fn, t, timeout, retries): i for i, t in enumerate(items)}
-                pending: dict[int, EpisodeResult] = {}
-                next_i = 0
-                try:
-                    for fut in cf.as_completed(futs):
-                        res = fut.result()
-                        if bar is not None:
-                            bar.advance(bar_task)
-                        if not ordered:
-                            yield res
-                            continue
-                        pending[res.index] = res
-                        while next_i in pending:
-                            yield pending.pop(next_i)
-                            next_i += 1
-                except BaseException:
-                    # Stopped early (the caller broke out or raised): cancel what has not
-                    # started and end the sandboxes of episodes in flight, so their calls fail
-                    # at once instead of running to their timeout.
-                    self._aborted = True
-                    for f in futs:
-                        f.cancel()
-                    self.terminate_live()
-                    raise
+            for fut in asyncio.as_completed(running):
+                res = await fut
+                if bar is not None:
+                    bar.advance(bar_task)
+                if not ordered:
+                    yield res
+                    continue
+                pending[res.index] = res
+                while next_i in pending:
+                    yield pending.pop(next_i)
+                    next_i += 1
+        except BaseException:
+            # Stopped early (the caller broke out or raised): cancel what has not started and
+            # end the sandboxes of episodes in flight, so their calls fail at once instead of
+            # running to their timeout.
+            self._aborted = True
+            for f in running:
+                f.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            await self._aterminate_live()
+            raise
         finally:
             if bar is not None:
                 bar.stop()
 
     # ---- streaming -------------------------------------------------------------------------
 
-    def submit(self, task: Any, fn: Callable[[SandboxInstance, Any], Any] | None = None, *,
+    def submit(self, task: Any, fn: EpisodeFn | None = None, *,
                timeout: float | None = 60.0, retries: int = 1) -> "cf.Future[EpisodeResult]":
         """Queues one episode and returns its Future at once (it never raises for the episode:
-        the Future's result is an EpisodeResult, whose status says how it went).
+        the Future's result is an EpisodeResult, whose status says how it went). At most
+        `max_concurrency` submitted episodes run at once; the rest wait their turn.
 
         Args:
             task: the episode's input.
@@ -416,13 +466,13 @@ class SandboxPool:
                                          "or pool.submit(task, fn=run_episode)")
         if retries < 0:
             raise errors.InvalidArgument(f"retries={retries} must be >= 0")
-        if self._reaper._shutdown:
+        if self._closed:
             raise errors.InvalidState("this SandboxPool is closed; make a new one")
         if self._stream is None:
-            self._stream = _Stream(self)
+            self._stream = EpisodeStream(self)
         return self._stream.submit(episode, task, timeout, retries)
 
-    @streaming
+    @threaded_stream
     def as_completed(self, timeout: float | None = None) -> Iterator[EpisodeResult]:
         """Yields the EpisodeResult of every submitted episode as it finishes (each once),
         including episodes submitted while iterating; returns when none is outstanding.
@@ -442,90 +492,65 @@ class SandboxPool:
         return 0 if self._stream is None else self._stream.depth
 
 
-class _Stream:
-    """The executor, result queue and warm-pool sizer behind submit/as_completed."""
+class _Map:
+    """`pool.map`: blocking (`pool.map(...)`) and awaited (`pool.map.aio(...)`) forms of one
+    async implementation (`SandboxPool._amap`)."""
 
     def __init__(self, pool: SandboxPool) -> None:
-        self.pool = pool
-        self.ex = cf.ThreadPoolExecutor(max_workers=pool.max_concurrency, thread_name_prefix="rollbox-stream")
-        self.done: queue.SimpleQueue[cf.Future[EpisodeResult]] = queue.SimpleQueue()
-        self.lock = threading.Lock()
-        self.depth = 0  # submitted, not finished
-        self.unyielded = 0  # submitted, result not yet yielded by as_completed
-        self.index = itertools.count()
-        # Container mode restores its pooled sandboxes on demand: spares would sit unused.
-        self.cap = 0 if pool.isolation == "container" else min(64, pool.warm if pool.warm > 0 else pool.max_concurrency)
-        self.warm_now = 0  # what the daemon was last told
-        self.wake = threading.Event()
-        self.stopping = False
-        self.sizer = threading.Thread(target=self._size_loop, daemon=True, name="rollbox-warm-sizer")
-        self.sizer.start()
+        self._pool = pool
+        self.__doc__ = SandboxPool.map.__doc__
 
-    def submit(self, fn: Callable[[SandboxInstance, Any], Any], task: Any, timeout: float | None,
-               retries: int) -> "cf.Future[EpisodeResult]":
-        with self.lock:
-            self.depth += 1
-            self.unyielded += 1
-        self.wake.set()
-        fut = self.ex.submit(self.pool._episode, next(self.index), fn, task, timeout, retries)
-        fut.add_done_callback(self._finished)
-        return fut
+    def __call__(self, fn: EpisodeFn, tasks: Iterable[Any], *, timeout: float | None = 60.0, retries: int = 1,
+                 ordered: bool = False, progress: bool | None = None) -> Iterator[EpisodeResult]:
+        PORTAL.check_not_in_loop()
+        return PORTAL.iterate(self._pool._amap(fn, tasks, timeout, retries, ordered, progress, None))
 
-    def _finished(self, fut: "cf.Future[EpisodeResult]") -> None:
-        with self.lock:
-            self.depth -= 1
-        self.done.put(fut)
-        self.wake.set()
+    def aio(self, fn: EpisodeFn, tasks: Iterable[Any], *, timeout: float | None = 60.0, retries: int = 1,
+            ordered: bool = False, progress: bool | None = None) -> AsyncIterator[EpisodeResult]:
+        """`async for res in pool.map.aio(...)`; a coroutine `fn` runs on the calling loop."""
+        return PORTAL.aiterate(self._pool._amap(fn, tasks, timeout, retries, ordered, progress,
+                                                asyncio.get_running_loop()))
 
-    def results(self, timeout: float | None) -> Iterator[EpisodeResult]:
-        while True:
-            with self.lock:
-                if self.unyielded == 0:
-                    return
+
+async def _run_episode(fn: EpisodeFn, sb: SandboxInstance, task: Any, timeout: float | None,
+                       user_loop: asyncio.AbstractEventLoop | None) -> tuple[dict[str, Any], bool]:
+    """Runs one episode function: ({"value": v} or {"exc": e}, finished within `timeout`).
+
+    A plain function runs in a daemon thread of its own: a runaway one cannot be interrupted,
+    so it is left to fail once its sandbox is terminated. A coroutine function runs on
+    `user_loop` (the loop that called `map.aio`) or here, and is cancelled past `timeout`."""
+    loop = asyncio.get_running_loop()
+    box: dict[str, Any] = {}
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        coro = fn(sb, task)
+        fut: asyncio.Future[Any] = (asyncio.ensure_future(coro) if user_loop is None or user_loop is loop
+                                    else asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, user_loop)))
+    else:
+        fut = loop.create_future()
+
+        def settle(value: Any, exc: BaseException | None) -> None:
+            if fut.done():
+                return
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(value)
+
+        def run() -> None:
             try:
-                fut = self.done.get(timeout=timeout)
-            except queue.Empty:
-                raise TimeoutError(f"no episode finished within {timeout} s ({self.depth} outstanding)") from None
-            with self.lock:
-                self.unyielded -= 1
-            if fut.cancelled():
-                continue
-            yield fut.result()
-
-    def _want(self) -> int:
-        return min(self.cap, self.depth)
-
-    def _size_loop(self) -> None:
-        """Grows the daemon's warm pool at once with the queue; shrinks it (to zero when the
-        queue drains) once the queue has stayed shallower for scale_down_after_s."""
-        low_since: float | None = None
-        while not self.stopping:
-            self.wake.wait(0.2)
-            self.wake.clear()
-            want = self._want()
-            now = time.monotonic()
-            if want >= self.warm_now:
-                low_since = None
-                if want > self.warm_now:
-                    self._set(want)
-                continue
-            low_since = low_since or now
-            if now - low_since >= self.pool.scale_down_after_s:
-                self._set(want)
-                low_since = None
-
-    def _set(self, count: int) -> None:
-        try:
-            self.pool._client.request("PUT", f"/snapshots/{self.pool.snapshot_id}/warm",
-                                      json={"count": count, "idle_seconds": self.pool.warm_idle_seconds})
-            self.warm_now = count
-        except errors.RollboxError:
-            pass  # a warm pool is an optimisation: episodes still restore on demand
-
-    def close(self) -> None:
-        self.ex.shutdown(wait=True, cancel_futures=True)
-        self.stopping = True
-        self.wake.set()
-        self.sizer.join(timeout=5)
-        if self.warm_now:
-            self._set(0)
+                value = fn(sb, task)
+            except BaseException as e:  # noqa: BLE001 - classified by the caller
+                loop.call_soon_threadsafe(settle, None, e)
+            else:
+                loop.call_soon_threadsafe(settle, value, None)
+        threading.Thread(target=run, daemon=True, name=f"episode-{sb.sandbox_id}").start()
+    done, _ = await asyncio.wait({fut}, timeout=timeout)
+    if not done:
+        fut.cancel()
+        return box, False
+    exc = fut.exception()
+    if exc is not None:
+        box["exc"] = exc
+    else:
+        box["value"] = fut.result()
+    return box, True

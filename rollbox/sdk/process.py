@@ -15,7 +15,8 @@ and daemon restarts, and a memory snapshot, pause or fork carries it (running, w
 retained output) into every restored copy. Retention per stream: the first `max_retained`
 bytes (default 1 MiB) for the process's life plus the most recent 1 MiB; a reader that
 starts inside a dropped region resumes at the next kept byte and sees `truncated`.
-Every call has an awaitable twin: `await sb.process.exec.aio(...)`, `await p.wait.aio()`.
+Every call has an awaitable twin: `await sb.process.exec.aio(...)`, `await p.wait.aio()`,
+`async for name, chunk in p.logs.aio()`, `await p.stdout.read.aio()`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import errors
 from ..types import ExecResult
-from ._aio import synchronized
+from ..client.portal import PORTAL
+from ._aio import streaming, synchronized
 
 if TYPE_CHECKING:
     from .sandbox import SandboxInstance
@@ -113,20 +115,22 @@ def decode_chunks(chunks: Iterable[bytes], encoding: str = "utf-8", errors: str 
         yield tail
 
 
-async def _aiter(make: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
-    """An async iterator over a blocking one, each step in a worker thread."""
-    it = make()
-    end = object()
-    try:
-        while True:
-            item = await asyncio.to_thread(next, it, end)
-            if item is end:
-                return
-            yield item
-    finally:
-        close = getattr(it, "close", None)
-        if close is not None:
-            await asyncio.to_thread(close)
+async def adecode_chunks(chunks: AsyncIterator[bytes], encoding: str = "utf-8",
+                         errors: str = "replace") -> AsyncIterator[str]:
+    """`decode_chunks` for an async stream of chunks."""
+    dec = codecs.getincrementaldecoder(encoding)(errors)
+    async for chunk in chunks:
+        text = dec.decode(chunk)
+        if text:
+            yield text
+    tail = dec.decode(b"", final=True)
+    if tail:
+        yield tail
+
+
+async def _only(pairs: AsyncIterator[tuple[str, bytes]]) -> AsyncIterator[bytes]:
+    async for _name, chunk in pairs:
+        yield chunk
 
 
 class OutputStream:
@@ -141,25 +145,28 @@ class OutputStream:
         self.name = name
         self.truncated = False
 
+    def _achunks(self) -> AsyncIterator[bytes]:
+        return _only(self._proc._chunks(self.name))
+
     def __iter__(self) -> Iterator[bytes]:
-        for name, chunk in self._proc._chunks(self.name):
-            yield chunk
+        return PORTAL.iterate(self._achunks())
 
     def aio(self) -> AsyncIterator[bytes]:
         """`async for chunk in p.stdout.aio()`: the same chunks, without blocking the loop."""
-        return _aiter(self.__iter__)
+        return PORTAL.aiterate(self._achunks())
 
     def text(self, encoding: str = "utf-8", errors: str = "replace") -> Iterator[str]:
         """The chunks as str, decoded incrementally (see `decode_chunks`)."""
-        return decode_chunks(self, encoding, errors)
+        return PORTAL.iterate(adecode_chunks(self._achunks(), encoding, errors))
 
     def text_aio(self, encoding: str = "utf-8", errors: str = "replace") -> AsyncIterator[str]:
         """`async for s in p.stdout.text_aio()`."""
-        return _aiter(lambda: self.text(encoding, errors))
+        return PORTAL.aiterate(adecode_chunks(self._achunks(), encoding, errors))
 
-    def read(self) -> bytes:
-        """Everything (retained) until the process ends."""
-        return b"".join(self)
+    @synchronized
+    async def read(self) -> bytes:
+        """Everything (retained) until the process ends (`await p.stdout.read.aio()`)."""
+        return b"".join([c async for c in self._achunks()])
 
 
 class ProcessStdin:
@@ -169,7 +176,7 @@ class ProcessStdin:
         self._proc = proc
 
     @synchronized
-    def write(self, data: bytes | str, timeout: float | None = 60.0) -> int:
+    async def write(self, data: bytes | str, timeout: float | None = 60.0) -> int:
         """Writes `data` (str is UTF-8 encoded) and returns its length once all of it is in
         the pipe: like a pipe, this blocks while the process does not read, for at most
         `timeout` seconds (None: until it reads or ends).
@@ -180,7 +187,7 @@ class ProcessStdin:
         until = None if timeout is None else time.monotonic() + timeout
         while True:
             part = view[:STDIN_CHUNK]
-            r = self._proc._call("POST", "stdin", {"data": base64.b64encode(part).decode(), "close": False})
+            r = await self._proc._call("POST", "stdin", {"data": base64.b64encode(part).decode(), "close": False})
             view = view[int(r["written"]):]
             if not view:
                 return len(raw)
@@ -189,10 +196,10 @@ class ProcessStdin:
                                    f"stdin in {timeout} s: it is not reading; write the rest later or kill() it")
 
     @synchronized
-    def close(self) -> None:
+    async def close(self) -> None:
         """Closes stdin (the process reads EOF; a terminal gets ^D). Raises StdinClosed when
         already closed."""
-        self._proc._call("POST", "stdin", {"data": "", "close": True})
+        await self._proc._call("POST", "stdin", {"data": "", "close": True})
 
 
 class SandboxProcess:
@@ -208,10 +215,10 @@ class SandboxProcess:
     def __repr__(self) -> str:
         return f"SandboxProcess({self._sb.sandbox_id!r}, pid={self.pid})"
 
-    def _call(self, method: str, sub: str, body: Any = None) -> Any:
-        return self._sb._call(method, f"processes/{self.pid}{'/' + sub if sub else ''}", body)
+    async def _call(self, method: str, sub: str, body: Any = None) -> Any:
+        return await self._sb._call(method, f"processes/{self.pid}{'/' + sub if sub else ''}", body)
 
-    def _events(self, stdout: int, stderr: int, until: float | None = None) -> Iterator[dict[str, Any]]:
+    async def _events(self, stdout: int, stderr: int, until: float | None = None) -> AsyncIterator[dict[str, Any]]:
         """The output stream's events from these offsets until the {"exit"} event. A daemon
         that restarts (or crashes) meanwhile cuts the answer: it is asked again from the
         offsets reached, for up to RESUME_S seconds (the process lives in the sandbox)."""
@@ -223,7 +230,7 @@ class SandboxProcess:
             if until is not None:  # the daemon ends the stream then, with a running=true exit line
                 params["timeout"] = max(0.0, until - time.monotonic())
             try:
-                for ev in self._sb._client.stream_lines(path, params=params):
+                async for ev in self._sb._client.aio.stream_lines(path, params=params):
                     lost_at = None
                     if "stream" in ev:
                         offsets[ev["stream"]] = int(ev["offset"]) + len(base64.b64decode(ev["data"]))
@@ -237,49 +244,52 @@ class SandboxProcess:
                 lost_at = now if lost_at is None else lost_at
                 if now - lost_at > RESUME_S:
                     raise
-                time.sleep(0.2)
+                await asyncio.sleep(0.2)
             except errors.InvalidState as e:
                 # Paused under the follower: wait (without asking for output, which would resume
                 # it) until someone resumes it, then go on from the offsets reached.
                 if "was paused" not in str(e):
                     raise
-                self._wait_while_paused()
+                await self._wait_while_paused()
 
-    def _wait_while_paused(self) -> None:
+    async def _wait_while_paused(self) -> None:
         """Returns once the sandbox is not paused (asking its state, which does not resume it)."""
-        while self._sb.info().state == "paused":
-            time.sleep(0.5)
+        while (await self._sb.info.aio()).state == "paused":
+            await asyncio.sleep(0.5)
 
-    def _chunks(self, which: str | None = None) -> Iterator[tuple[str, bytes]]:
+    async def _chunks(self, which: str | None = None) -> AsyncIterator[tuple[str, bytes]]:
         """(stream, bytes) pairs of `which` (None: both) until the process ends."""
         out = 0 if which in (None, "stdout") else _FAR
         err = 0 if which in (None, "stderr") else _FAR
-        for ev in self._events(out, err):
+        async for ev in self._events(out, err):
             if "stream" in ev:
                 if ev.get("truncated"):
                     getattr(self, ev["stream"]).truncated = True
                 yield ev["stream"], base64.b64decode(ev["data"])
 
-    def logs(self) -> Iterator[tuple[str, bytes]]:
+    @streaming
+    async def logs(self) -> AsyncIterator[tuple[str, bytes]]:
         """("stdout" | "stderr", chunk) pairs of both streams until the process ends (in the
-        order the agent read them; their relative order within one read is not kept)."""
-        return self._chunks(None)
+        order the agent read them; their relative order within one read is not kept).
+        `async for name, chunk in p.logs.aio()` too."""
+        async for pair in self._chunks(None):
+            yield pair
 
     @synchronized
-    def status(self) -> ProcessInfo:
+    async def status(self) -> ProcessInfo:
         """Raises ProcessNotFound when the sandbox's agent does not know the pid (any more)."""
-        return ProcessInfo.from_wire(self._call("GET", ""))
+        return ProcessInfo.from_wire(await self._call("GET", ""))
 
     @synchronized
-    def poll(self) -> int | None:
+    async def poll(self) -> int | None:
         """The exit code once the process ended (124 when its timeout killed it), else None."""
-        st = self.status()
+        st = await self.status.aio()
         if st.running:
             return None
         return TIMED_OUT_CODE if st.exit_code is None else st.exit_code
 
     @synchronized
-    def wait(self, timeout: float | None = None) -> ExecResult:
+    async def wait(self, timeout: float | None = None) -> ExecResult:
         """Waits for the process to end; returns its ExecResult with its retained output
         (`truncated` when some was dropped; stdout_bytes/stderr_bytes count everything).
 
@@ -290,7 +300,7 @@ class SandboxProcess:
         truncated = False
         end: dict[str, Any] = {}
         until = None if timeout is None else time.monotonic() + timeout
-        for ev in self._events(0, 0, until):
+        async for ev in self._events(0, 0, until):
             if "stream" in ev:
                 bufs[ev["stream"]] += base64.b64decode(ev["data"])
                 truncated |= bool(ev.get("truncated"))
@@ -299,7 +309,7 @@ class SandboxProcess:
         if end.get("running"):
             raise TimeoutError(f"process {self.pid} in sandbox {self._sb.sandbox_id} is still running after "
                                f"{timeout} s (it keeps running; kill() stops it)")
-        st = self.status()
+        st = await self.status.aio()
         return ExecResult(
             exit_code=None if end.get("timed_out") else end.get("exit_code"),
             stdout=bytes(bufs["stdout"]), stderr=bytes(bufs["stderr"]), timed_out=bool(end.get("timed_out")),
@@ -310,16 +320,16 @@ class SandboxProcess:
             pids_limited=bool(end.get("pids_limited")), signal=end.get("signal"))
 
     @synchronized
-    def kill(self, signal: int = _signal.SIGKILL) -> int:
+    async def kill(self, signal: int = _signal.SIGKILL) -> int:
         """Sends `signal` (default SIGKILL) to the process's whole tree: its process group and
         every descendant, setsid'd or daemonised ones included. Returns how many processes
         were signalled. Raises ProcessNotFound."""
-        return int(self._call("POST", "kill", {"signal": int(signal)})["killed"])
+        return int((await self._call("POST", "kill", {"signal": int(signal)}))["killed"])
 
     @synchronized
-    def resize(self, cols: int, rows: int) -> None:
+    async def resize(self, cols: int, rows: int) -> None:
         """Sets the terminal size of a pty=True process (it gets SIGWINCH). Raises NotAPty."""
-        self._call("POST", "resize", {"cols": cols, "rows": rows})
+        await self._call("POST", "resize", {"cols": cols, "rows": rows})
 
 
 @dataclass
@@ -329,7 +339,7 @@ class SandboxProcesses:
     _sb: "SandboxInstance" = field(repr=False)
 
     @synchronized
-    def exec(self, *args: str, cwd: str | None = None, env: dict[str, str] | None = None,
+    async def exec(self, *args: str, cwd: str | None = None, env: dict[str, str] | None = None,
              user: str | int | None = None, timeout: float | None = None, pty: bool = False,
              cols: int = 80, rows: int = 24, max_retained: int | None = None) -> SandboxProcess:
         """Starts a command (argv, no shell) in the background and returns at once.
@@ -351,28 +361,28 @@ class SandboxProcesses:
         """
         if len(args) == 1 and isinstance(args[0], (list, tuple)):
             args = tuple(args[0])
-        r = self._sb._call("POST", "processes", {"argv": list(args), "env": env or {}, "cwd": cwd, "user": user,
+        r = await self._sb._call("POST", "processes", {"argv": list(args), "env": env or {}, "cwd": cwd, "user": user,
                                                  "pty": pty, "cols": cols, "rows": rows, "timeout": timeout,
                                                  "max_retained": max_retained})
         return SandboxProcess(self._sb, int(r["pid"]))
 
     @synchronized
-    def list_processes(self) -> list[ProcessInfo]:
+    async def list_processes(self) -> list[ProcessInfo]:
         """Processes started through the API that run, plus the 64 most recently ended (kept
         600 s; a process forgotten from the list has had its remaining tree killed)."""
-        return [ProcessInfo.from_wire(d) for d in self._sb._call("GET", "processes")["processes"]]
+        return [ProcessInfo.from_wire(d) for d in (await self._sb._call("GET", "processes"))["processes"]]
 
     @synchronized
-    def get_process(self, pid: int) -> SandboxProcess:
+    async def get_process(self, pid: int) -> SandboxProcess:
         """A handle on a listed process (from any client). Raises ProcessNotFound."""
         if isinstance(pid, bool) or not isinstance(pid, int):
             raise errors.ProcessNotFound(f"pid {pid!r} is not a process id (an int)", sandbox_id=self._sb.sandbox_id)
         p = SandboxProcess(self._sb, pid)
-        p.status()
+        await p.status.aio()
         return p
 
     @synchronized
-    def run_code(self, code: str, language: str = "python", timeout: float | None = None) -> CodeResult:
+    async def run_code(self, code: str, language: str = "python", timeout: float | None = None) -> CodeResult:
         """Runs `code` in the sandbox's persistent interpreter (started on first use, kept for
         the sandbox's life: variables and imports carry over between calls). A raised
         exception is a result (`error`), not an exception here.
@@ -381,5 +391,5 @@ class SandboxProcesses:
             InvalidArgument: an unsupported language (only "python").
             InvalidState: the interpreter died or ran past `timeout` (its state is lost).
         """
-        return CodeResult.from_wire(self._sb._call("POST", "run_code", {"code": code, "language": language,
+        return CodeResult.from_wire(await self._sb._call("POST", "run_code", {"code": code, "language": language,
                                                                         "timeout": timeout}))

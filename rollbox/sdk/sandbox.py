@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import os
@@ -31,6 +32,12 @@ from .volume import Volume
 
 def _info(d: dict[str, Any]) -> SandboxInfo:
     return SandboxInfo(**d)
+
+
+async def _terminate_all(items: list[Any]) -> None:
+    """Terminates every SandboxInstance of `items` at once (exceptions in slots are skipped)."""
+    await asyncio.gather(*(k.terminate.aio() for k in items if isinstance(k, SandboxInstance)),
+                         return_exceptions=True)
 
 
 @dataclass(frozen=True)
@@ -134,8 +141,8 @@ class Sandbox:
             if isinstance(v, bool) or not isinstance(v, kinds):
                 raise errors.InvalidArgument(f"{name}={v!r} must be a number ({' or '.join(k.__name__ for k in kinds)})")
 
-    @cleaning(lambda sb: sb.terminate())  # a cancelled create.aio leaves no sandbox
-    def create(self) -> "SandboxInstance":
+    @cleaning(lambda sb: sb.terminate.aio())  # a cancelled create.aio leaves no sandbox
+    async def create(self) -> "SandboxInstance":
         """Boots a fresh sandbox and returns once its first command can run.
 
         Raises:
@@ -149,8 +156,9 @@ class Sandbox:
         """
         self._check_types()
         c = self._client()
-        info = _info(c.request("POST", "/sandboxes", json={
-            "image_id": self.image.resolve(c), "cpu": self.cpu, "memory": self.memory, "env": self.env,
+        image_id = await self.image.resolve.aio(c)
+        info = _info(await c.aio.request("POST", "/sandboxes", json={
+            "image_id": image_id, "cpu": self.cpu, "memory": self.memory, "env": self.env,
             "keep_warm_seconds": self.keep_warm_seconds, "volumes": [v.to_wire() for v in self.volumes],
             "tags": self.tags, "ports": list(self.ports), "block_network": self.block_network,
             "allow_list": None if self.allow_list is None else list(self.allow_list),
@@ -159,8 +167,8 @@ class Sandbox:
             "auto_pause_seconds": self.auto_pause_seconds}))
         return SandboxInstance(info.sandbox_id, c, info)
 
-    @cleaning(lambda sb: sb.terminate())
-    def create_from_memory_snapshot(self, snapshot_id: str) -> "SandboxInstance":
+    @cleaning(lambda sb: sb.terminate.aio())
+    async def create_from_memory_snapshot(self, snapshot_id: str) -> "SandboxInstance":
         """Restores a memory snapshot into a new sandbox: its processes continue where they were.
 
         The restored sandbox keeps the snapshot's image, cpu and memory; `keep_warm_seconds`
@@ -168,20 +176,20 @@ class Sandbox:
         """
         check_id(snapshot_id, errors.SnapshotNotFound, "snapshot")
         c = self._client()
-        info = _info(c.request("POST", f"/snapshots/{snapshot_id}/restore",
+        info = _info(await c.aio.request("POST", f"/snapshots/{snapshot_id}/restore",
                                json={"keep_warm_seconds": self.keep_warm_seconds, "tags": self.tags,
                                      "auto_pause_seconds": self.auto_pause_seconds}))
         return SandboxInstance(info.sandbox_id, c, info)
 
     @synchronized
-    def connect(self, sandbox_id: str) -> "SandboxInstance":
+    async def connect(self, sandbox_id: str) -> "SandboxInstance":
         """A handle on an existing sandbox (e.g. one made by another process); a paused
         sandbox is resumed first. Raises SandboxNotFound."""
         check_id(sandbox_id, errors.SandboxNotFound, "sandbox")
         c = self._client()
-        info = _info(c.request("GET", f"/sandboxes/{sandbox_id}"))
+        info = _info(await c.aio.request("GET", f"/sandboxes/{sandbox_id}"))
         if info.state == "paused":
-            info = _info(c.request("POST", f"/sandboxes/{sandbox_id}/resume"))
+            info = _info(await c.aio.request("POST", f"/sandboxes/{sandbox_id}/resume"))
         return SandboxInstance(sandbox_id, c, info)
 
 
@@ -232,42 +240,42 @@ class SandboxFileSystem:
         return f"/sandboxes/{self._sb.sandbox_id}/files/content"
 
     @synchronized
-    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         """Writes `data` (str is UTF-8 encoded) to absolute `path`, creating parent dirs; the
         file appears whole or not at all. Streamed as a raw body: any size the sandbox's disk
         holds (ENOSPC inside is an error, nothing is left)."""
         raw = data.encode() if isinstance(data, str) else data
         if self._sb._streams_files and _utf8(path):
-            self._sb._client.send_raw("PUT", self._content(), raw, params={"path": path, "mode": mode})
+            await self._sb._client.aio.send_raw("PUT", self._content(), raw, params={"path": path, "mode": mode})
             return
-        self._sb._call("POST", "files/write", {"path": path, "data": base64.b64encode(raw).decode(), "mode": mode})
+        await self._sb._call("POST", "files/write", {"path": path, "data": base64.b64encode(raw).decode(), "mode": mode})
 
     @synchronized
-    def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str) -> bytes:
         """Returns the file's bytes (streamed: any size; episode containers and non-UTF-8
         names: up to 64 MiB). Raises FileNotFoundInSandbox."""
         if self._sb._streams_files and _utf8(path):
-            with self._sb._client.stream_raw(self._content(), params={"path": path}) as (resp, chunks):
-                data = b"".join(chunks)
+            async with self._sb._client.aio.stream_raw(self._content(), params={"path": path}) as (resp, chunks):
+                data = b"".join([c async for c in chunks])
             _check_whole(path, resp, len(data))
             return data
-        r = self._sb._call("POST", "files/read", {"path": path})
+        r = await self._sb._call("POST", "files/read", {"path": path})
         return base64.b64decode(r["data"])
 
     @synchronized
-    def list_files(self, path: str) -> list[FileEntry]:
+    async def list_files(self, path: str) -> list[FileEntry]:
         """Entries of directory `path`, sorted by name."""
-        r = self._sb._call("POST", "files/list", {"path": path})
+        r = await self._sb._call("POST", "files/list", {"path": path})
         return [FileEntry(**{k: e[k] for k in ("name", "path", "is_dir", "size", "mode", "mtime")})
                 for e in r["entries"]]
 
     @synchronized
-    def remove(self, path: str) -> None:
+    async def remove(self, path: str) -> None:
         """Removes a file or a directory tree."""
-        self._sb._call("POST", "files/remove", {"path": path})
+        await self._sb._call("POST", "files/remove", {"path": path})
 
     @synchronized
-    def upload_file(self, local_path: str | os.PathLike[str], sandbox_path: str, mode: int | None = None) -> None:
+    async def upload_file(self, local_path: str | os.PathLike[str], sandbox_path: str, mode: int | None = None) -> None:
         """Copies a file of this machine into the sandbox at absolute `sandbox_path`, streamed
         (any size; the file appears whole or not at all; mode: the local file's permission bits
         unless given). Raises InvalidArgument (not a regular file), FileNotFoundError (no such
@@ -278,17 +286,19 @@ class SandboxFileSystem:
         bits = stat.S_IMODE(st.st_mode) if mode is None else mode
         if not self._sb._streams_files or not _utf8(sandbox_path):
             with open(local_path, "rb") as f:
-                self.write_file(sandbox_path, f.read(), bits)
+                raw = f.read()
+            await self.write_file.aio(sandbox_path, raw, bits)
             return
 
         def chunks() -> Iterator[bytes]:
             with open(local_path, "rb") as f:
                 while block := f.read(CHUNK):
                     yield block
-        self._sb._client.send_raw("PUT", self._content(), chunks(), params={"path": sandbox_path, "mode": bits})
+        await self._sb._client.aio.send_raw("PUT", self._content(), chunks(), params={"path": sandbox_path,
+                                                                                      "mode": bits})
 
     @synchronized
-    def download_file(self, sandbox_path: str, local_path: str | os.PathLike[str]) -> int:
+    async def download_file(self, sandbox_path: str, local_path: str | os.PathLike[str]) -> int:
         """Copies the sandbox's file at absolute `sandbox_path` to `local_path` on this machine
         (written whole or not at all); returns its size in bytes. Paths and symlinks are resolved
         inside the sandbox: a link to /etc/passwd gives the sandbox's, never the host's.
@@ -299,12 +309,13 @@ class SandboxFileSystem:
         try:
             with open(tmp, "wb") as f:
                 if not self._sb._streams_files or not _utf8(sandbox_path):
-                    data = self.read_file(sandbox_path)
+                    data = await self.read_file.aio(sandbox_path)
                     f.write(data)
                     size = len(data)
                 else:
-                    with self._sb._client.stream_raw(self._content(), params={"path": sandbox_path}) as (resp, chunks):
-                        for block in chunks:
+                    async with self._sb._client.aio.stream_raw(self._content(),
+                                                               params={"path": sandbox_path}) as (resp, chunks):
+                        async for block in chunks:
                             f.write(block)
                             size += len(block)
                     _check_whole(sandbox_path, resp, size)
@@ -323,17 +334,20 @@ class SandboxDocker:
     def __init__(self, sb: "SandboxInstance") -> None:
         self._sb = sb
 
-    def run(self, image: str, *cmd: str, args: list[str] | None = None, timeout: float | None = None) -> ExecResult:
+    @synchronized
+    async def run(self, image: str, *cmd: str, args: list[str] | None = None,
+                  timeout: float | None = None) -> ExecResult:
         """`docker run --rm --network=host [args] IMAGE CMD...` inside the sandbox."""
-        res: ExecResult = self._sb.exec("docker", "run", "--rm", "--network=host", *(args or []), image, *cmd,
+        res: ExecResult = await self._sb.exec.aio("docker", "run", "--rm", "--network=host", *(args or []), image, *cmd,
                                         timeout=timeout)
         return res
 
-    def load(self, archive: bytes) -> ExecResult:
+    @synchronized
+    async def load(self, archive: bytes) -> ExecResult:
         """`docker load` of an image archive (what `docker save` writes)."""
         path = "/tmp/.rollbox-docker-load.tar"
-        self._sb.fs.write_file(path, archive)
-        res: ExecResult = self._sb.exec("docker", "load", "-i", path, timeout=600)
+        await self._sb.fs.write_file.aio(path, archive)
+        res: ExecResult = await self._sb.exec.aio("docker", "load", "-i", path, timeout=600)
         return res
 
 
@@ -376,11 +390,11 @@ class SandboxInstance:
         """Milliseconds the daemon took from the create/restore request to a usable agent."""
         return self._info.ttfc_ms if self._info else None
 
-    def _call(self, method: str, sub: str, body: Any = None) -> Any:
-        return self._client.request(method, f"/sandboxes/{self.sandbox_id}/{sub}", json=body)
+    async def _call(self, method: str, sub: str, body: Any = None) -> Any:
+        return await self._client.aio.request(method, f"/sandboxes/{self.sandbox_id}/{sub}", json=body)
 
     @synchronized
-    def exec(self, *args: str, timeout: float | None = None, env: dict[str, str] | None = None,
+    async def exec(self, *args: str, timeout: float | None = None, env: dict[str, str] | None = None,
              cwd: str | None = None, stdin: bytes | str | None = None,
              max_output: int | None = None, user: str | int | None = None) -> ExecResult:
         """Runs a command (argv, no shell) and waits for it.
@@ -417,7 +431,7 @@ class SandboxInstance:
         sin = None
         if stdin is not None:
             sin = base64.b64encode(stdin.encode() if isinstance(stdin, str) else stdin).decode()
-        r = self._call("POST", "exec", {"argv": list(args), "env": env or {}, "cwd": cwd, "stdin": sin,
+        r = await self._call("POST", "exec", {"argv": list(args), "env": env or {}, "cwd": cwd, "stdin": sin,
                                         "timeout": timeout, "max_output": max_output, "user": user})
         res = ExecResult.from_wire(r)
         self.saw_timeout |= res.timed_out
@@ -425,29 +439,29 @@ class SandboxInstance:
         return res
 
     @synchronized
-    def expose_port(self, port: int) -> str:
+    async def expose_port(self, port: int) -> str:
         """The URL ("http://127.0.0.1:PORT") on which the host reaches `port` in this sandbox,
         for as long as the sandbox lives. Exposing a port twice returns the same URL.
 
         Raises InvalidArgument for a port outside 1..65535 or a sandbox created without
         networking (give `ports=` or `block_network=False` when creating it).
         """
-        return str(self._call("POST", "ports", {"port": port})["url"])
+        return str((await self._call("POST", "ports", {"port": port}))["url"])
 
     @synchronized
-    def list_urls(self) -> dict[int, str]:
+    async def list_urls(self) -> dict[int, str]:
         """{port in the sandbox: host URL} for every exposed port."""
-        return {int(p): u for p, u in self._call("GET", "ports").items()}
+        return {int(p): u for p, u in (await self._call("GET", "ports")).items()}
 
     @synchronized
-    def update_network_permissions(self, block_network: bool = True, allow_list: list[str] | None = None) -> None:
+    async def update_network_permissions(self, block_network: bool = True, allow_list: list[str] | None = None) -> None:
         """Replaces the outbound policy at once, open connections included (same arguments as
         `Sandbox`). Raises InvalidArgument as `Sandbox.create` does."""
-        self._info = _info(self._call("PUT", "network", {"block_network": block_network,
+        self._info = _info(await self._call("PUT", "network", {"block_network": block_network,
                                                           "allow_list": allow_list}))
 
     @synchronized
-    def snapshot_memory(self, ttl: float | None = None) -> str:
+    async def snapshot_memory(self, ttl: float | None = None) -> str:
         """Captures memory, processes (with open sockets) and files; the sandbox keeps running.
 
         Args:
@@ -457,42 +471,42 @@ class SandboxInstance:
         Raises ResourceExhausted when the store's disk is full (nothing stored is touched),
         UnsupportedOperation on a runc sandbox (memory snapshots need gVisor).
         """
-        return str(self._call("POST", "snapshot", {"ttl": ttl})["snapshot_id"])
+        return str((await self._call("POST", "snapshot", {"ttl": ttl}))["snapshot_id"])
 
     @synchronized
-    def pause(self) -> str:
+    async def pause(self) -> str:
         """Checkpoints the sandbox to the store and frees its CPU and memory.
 
         Any later call (exec, files, `resume()`, `Sandbox().connect(id)`) brings it back exactly
         where it was. Returns the paused state's snapshot id: restore it into copies to branch
         (it is kept until the sandbox resumes).
         """
-        return str(self._call("POST", "pause")["snapshot_id"])
+        return str((await self._call("POST", "pause"))["snapshot_id"])
 
     @synchronized
-    def resume(self) -> None:
+    async def resume(self) -> None:
         """Brings a paused sandbox back (same id, same processes and files)."""
-        self._info = _info(self._call("POST", "resume"))
+        self._info = _info(await self._call("POST", "resume"))
 
     @synchronized
-    def update_ttl(self, keep_warm_seconds: float | None) -> None:
+    async def update_ttl(self, keep_warm_seconds: float | None) -> None:
         """Sets keep_warm_seconds: idle seconds before the daemon kills it (None or -1: never)."""
-        self._info = _info(self._client.request("PATCH", f"/sandboxes/{self.sandbox_id}",
+        self._info = _info(await self._client.aio.request("PATCH", f"/sandboxes/{self.sandbox_id}",
                                                 json={"keep_warm_seconds": keep_warm_seconds}))
 
     @synchronized
-    def usage(self) -> dict[str, Any]:
+    async def usage(self) -> dict[str, Any]:
         """Per-second usage: wall_s, run_s, boot_s, cpu_seconds, peak_memory_bytes, gpu_seconds,
         reserved_cpu_seconds, reserved_gib_seconds."""
-        return dict(self._call("GET", "usage"))
+        return dict(await self._call("GET", "usage"))
 
     @synchronized
-    def create_image_from_filesystem(self) -> str:
+    async def create_image_from_filesystem(self) -> str:
         """Saves the sandbox's files (not its processes) as a new image; returns its id."""
-        return str(self._call("POST", "image")["image_id"])
+        return str((await self._call("POST", "image"))["image_id"])
 
-    @cleaning(lambda copies: [c.terminate() for c in copies if not isinstance(c, BaseException)])
-    def fork(self, count: int, *, keep_warm_seconds: float | None = 600,
+    @cleaning(lambda copies: _terminate_all(copies))
+    async def fork(self, count: int, *, keep_warm_seconds: float | None = 600,
              return_exceptions: bool = False) -> list["SandboxInstance"]:
         """`count` live copies of this sandbox from one memory capture; this one keeps running.
 
@@ -504,7 +518,7 @@ class SandboxInstance:
             failed copy is its exception in its slot; otherwise the first failure terminates the
             copies that did start and is raised.
         """
-        out = self._call("POST", "fork", {"count": count, "keep_warm_seconds": keep_warm_seconds})
+        out = await self._call("POST", "fork", {"count": count, "keep_warm_seconds": keep_warm_seconds})
         kids: list[Any] = []
         for item in out:
             if "sandbox" in item:
@@ -514,23 +528,21 @@ class SandboxInstance:
                 kids.append(errors.from_wire(item["error"], 500))
         failures = [k for k in kids if isinstance(k, Exception)]
         if failures and not return_exceptions:
-            for k in kids:
-                if isinstance(k, SandboxInstance):
-                    k.terminate()
+            await _terminate_all(kids)
             raise failures[0]
         return kids
 
     @synchronized
-    def info(self) -> SandboxInfo:
-        return _info(self._client.request("GET", f"/sandboxes/{self.sandbox_id}"))
+    async def info(self) -> SandboxInfo:
+        return _info(await self._client.aio.request("GET", f"/sandboxes/{self.sandbox_id}"))
 
     @synchronized
-    def terminate(self) -> None:
+    async def terminate(self) -> None:
         """Stops the sandbox and removes everything it made on the host. Idempotent."""
         if self.terminated:
             return
         try:
-            self._client.request("DELETE", f"/sandboxes/{self.sandbox_id}")
+            await self._client.aio.request("DELETE", f"/sandboxes/{self.sandbox_id}")
         except errors.SandboxNotFound:
             pass
         self.terminated = True

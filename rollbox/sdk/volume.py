@@ -64,38 +64,38 @@ class Volume:
         return {"name": self.name, "mount_path": self.mount_path, "read_only": self.read_only,
                 "shared_writes": self.shared_writes}
 
-    def _call(self, op: str, body: dict[str, Any]) -> Any:
-        return self._c().request("POST", f"/volumes/{self.name}/files/{op}", json=body)
+    async def _call(self, op: str, body: dict[str, Any]) -> Any:
+        return await self._c().aio.request("POST", f"/volumes/{self.name}/files/{op}", json=body)
 
     @synchronized
-    def create(self) -> "Volume":
+    async def create(self) -> "Volume":
         """Creates the volume now (it is also created when a sandbox first mounts it)."""
-        self._c().request("PUT", f"/volumes/{self.name}")
+        await self._c().aio.request("PUT", f"/volumes/{self.name}")
         return self
 
     @synchronized
-    def write_file(self, path: str, data: bytes | str) -> None:
+    async def write_file(self, path: str, data: bytes | str) -> None:
         """Writes a file into the volume from the host (atomic rename; creates parents)."""
         raw = data.encode() if isinstance(data, str) else data
-        self._call("write", {"path": path, "data": base64.b64encode(raw).decode()})
+        await self._call("write", {"path": path, "data": base64.b64encode(raw).decode()})
 
     @synchronized
-    def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str) -> bytes:
         """Raises NotFound when there is no such file."""
-        return base64.b64decode(self._call("read", {"path": path})["data"])
+        return base64.b64decode((await self._call("read", {"path": path}))["data"])
 
     @synchronized
-    def list_files(self, path: str = "/") -> list[FileEntry]:
-        return [FileEntry(**e) for e in self._call("list", {"path": path})["entries"]]
+    async def list_files(self, path: str = "/") -> list[FileEntry]:
+        return [FileEntry(**e) for e in (await self._call("list", {"path": path}))["entries"]]
 
     @synchronized
-    def remove(self, path: str) -> None:
-        self._call("remove", {"path": path})
+    async def remove(self, path: str) -> None:
+        await self._call("remove", {"path": path})
 
     @synchronized
-    def delete(self) -> None:
+    async def delete(self) -> None:
         """Deletes the volume and its files. Raises InvalidState while a sandbox mounts it."""
-        self._c().request("DELETE", f"/volumes/{self.name}")
+        await self._c().aio.request("DELETE", f"/volumes/{self.name}")
 
     @staticmethod
     def list(client: Client | None = None) -> list[dict[str, Any]]:

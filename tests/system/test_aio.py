@@ -1,5 +1,6 @@
-"""The awaitable SDK (gh-18): `.aio` twins on the SDK's own threads, cancellation that cleans
-up, and async streams of pool episodes and function calls. Real gVisor sandboxes."""
+"""The awaitable SDK (gh-18): one async implementation on the SDK's event loop, cancellation
+that cleans up, async streams of pool episodes and coroutine episodes awaited on the caller's
+loop. Real gVisor sandboxes."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def test_cancelled_create_leaves_no_sandbox() -> None:
 
     async def main() -> None:
         task = asyncio.ensure_future(rollbox.Sandbox(memory=256, tags={"aio-test": tag}).create.aio())
-        await asyncio.sleep(0.05)  # the create is under way in its thread
+        await asyncio.sleep(0.05)  # the create is under way on the SDK's loop
         task.cancel()
         try:
             await task
@@ -60,5 +61,31 @@ def test_pool_map_aio_streams_and_breaking_out_ends_the_episodes() -> None:
         while [r for r in default_client().request("GET", "/sandboxes") if r.get("snapshot_id") == snap]:
             assert time.monotonic() < deadline, "a pool map left early kept its sandboxes"
             time.sleep(0.3)
+    finally:
+        default_client().request("DELETE", f"/snapshots/{snap}")
+
+
+def test_coroutine_episodes_run_concurrently_on_the_callers_loop() -> None:
+    src = rollbox.Sandbox(memory=256).create()
+    snap = src.snapshot_memory()
+    src.terminate()
+    loops: set[int] = set()
+
+    async def episode(sb: rollbox.SandboxInstance, n: int) -> float:
+        loops.add(id(asyncio.get_running_loop()))
+        r = await sb.exec.aio("sh", "-c", f"echo $(({n}*3))")
+        await sb.fs.write_file.aio("/tmp/n", str(n))
+        return float(r.stdout.strip()) + float(await sb.fs.read_file.aio("/tmp/n")) / 100
+
+    async def main() -> tuple[list[float | None], int]:
+        async with rollbox.SandboxPool(snap, max_concurrency=4, isolation="container") as pool:
+            rewards = sorted([r.reward async for r in pool.map.aio(episode, range(8), progress=False)],
+                             key=lambda x: -1 if x is None else x)
+            return rewards, id(asyncio.get_running_loop())
+
+    try:
+        rewards, caller = asyncio.run(main())
+        assert rewards == [n * 3 + n / 100 for n in range(8)]
+        assert loops == {caller}
     finally:
         default_client().request("DELETE", f"/snapshots/{snap}")

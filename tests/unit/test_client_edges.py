@@ -15,9 +15,8 @@ from rollbox.sdk.sandbox import SandboxInstance
 
 
 def _client(tmp_path: Path, handler) -> Client:  # type: ignore[no-untyped-def]
-    c = Client(paths=Paths(tmp_path), autostart=False)
-    c._http = httpx.Client(transport=httpx.MockTransport(handler), base_url="http://rollbox")
-    c._checked = True  # the stub is "up": no health probe, no autostart
+    c = Client(paths=Paths(tmp_path), autostart=False, transport=httpx.MockTransport(handler))
+    c.aio._checked = True  # the stub is "up": no health probe, no autostart
     return c
 
 

@@ -96,16 +96,16 @@ def test_an_error_while_stopping_is_daemon_unavailable_not_internal() -> None:
 
 @pytest.mark.parametrize("status, body", [(500, "Internal Server Error"), (502, "<html>bad gateway</html>")])
 def test_a_5xx_without_rollbox_error_form_is_daemon_unavailable(tmp_path: Path, status: int, body: str) -> None:
-    c = Client(paths=Paths(tmp_path), autostart=False)
-    c._http = httpx.Client(transport=httpx.MockTransport(lambda req: httpx.Response(status, text=body)),
-                           base_url="http://rollbox")
-    c._checked = True
+    c = Client(paths=Paths(tmp_path), autostart=False,
+               transport=httpx.MockTransport(lambda req: httpx.Response(status, text=body)))
+    c.aio._checked = True
     with pytest.raises(errors.DaemonUnavailable, match=f"HTTP {status}") as e:
         c.request("POST", "/sandboxes/sb-1/exec", json={})
     assert e.value.retryable
     # A typed answer stays what it says.
-    c._http = httpx.Client(transport=httpx.MockTransport(lambda req: httpx.Response(
-        500, json={"code": "internal", "message": "boom", "sandbox_id": None})), base_url="http://rollbox")
+    c = Client(paths=Paths(tmp_path), autostart=False, transport=httpx.MockTransport(lambda req: httpx.Response(
+        500, json={"code": "internal", "message": "boom", "sandbox_id": None})))
+    c.aio._checked = True
     with pytest.raises(errors.RollboxError, match="boom") as e2:
         c.request("GET", "/sandboxes")
     assert type(e2.value) is errors.RollboxError and not e2.value.retryable

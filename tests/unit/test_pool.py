@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -27,15 +28,26 @@ def test_reward_of(value, reward):
 
 # ---- SandboxPool with a stub Sandbox ---------------------------------------------------
 
+class Twin:
+    """A blocking fake with the SDK's awaitable `.aio` form (run in a thread: fakes block)."""
+
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+
+    def __call__(self, *a: Any, **k: Any) -> Any:
+        return self._fn(*a, **k)
+
+    async def aio(self, *a: Any, **k: Any) -> Any:
+        return await asyncio.to_thread(self._fn, *a, **k)
+
+
 class FakeInstance:
     def __init__(self, sandbox_id: str) -> None:
         self.sandbox_id = sandbox_id
         self.saw_timeout = False
         self.saw_oom = False
         self.terminated = threading.Event()
-
-    def terminate(self) -> None:
-        self.terminated.set()
+        self.terminate = Twin(self.terminated.set)
 
 
 class FakeBackend:
@@ -66,9 +78,18 @@ class FakeBackend:
             return inst
 
 
+class _AsyncSide:
+    def __init__(self, client: "DummyClient") -> None:
+        self._client = client
+
+    async def request(self, method: str, path: str, **kw: Any) -> Any:
+        return self._client.request(method, path, **kw)
+
+
 class DummyClient:
     def __init__(self) -> None:
         self.requests: list[tuple[str, str]] = []
+        self.aio = _AsyncSide(self)
 
     def request(self, method: str, path: str, **kw: Any) -> Any:
         self.requests.append((method, path))
@@ -82,9 +103,7 @@ def backend(monkeypatch):
     class FakeSandbox:
         def __init__(self, **kwargs: Any) -> None:
             self.kwargs = kwargs
-
-        def create_from_memory_snapshot(self, snapshot_id: str) -> FakeInstance:
-            return be.create(snapshot_id, self.kwargs)
+            self.create_from_memory_snapshot = Twin(lambda snapshot_id: be.create(snapshot_id, self.kwargs))
 
     monkeypatch.setattr(pool_mod, "Sandbox", FakeSandbox)
     return be
@@ -395,6 +414,9 @@ def test_container_streaming_keeps_no_warm_spares(monkeypatch):
             made.append(FakeInstance(f"sb-{len(made)}"))
             return made[-1]
 
+        async def abegin(self) -> FakeInstance:
+            return self.begin()
+
         def close(self) -> None:
             pass
 
@@ -445,7 +467,7 @@ def test_an_attempt_that_ends_after_its_pool_closed_still_ends_its_sandbox(backe
     pool = SandboxPool("sn-test", max_concurrency=2, client=client)
     release = threading.Event()
     out: list[Any] = []
-    t = threading.Thread(target=lambda: out.append(pool._attempt(lambda sb, task: release.wait(10), 1, 30)))
+    t = threading.Thread(target=lambda: out.append(pool.attempt(lambda sb, task: release.wait(10), 1, 30)))
     t.start()
     while not backend.created:
         time.sleep(0.01)
@@ -453,4 +475,40 @@ def test_an_attempt_that_ends_after_its_pool_closed_still_ends_its_sandbox(backe
     release.set()
     t.join(10)
     assert out and out[0][0] == "ok"
-    assert backend.created[0].terminated.is_set()
+    assert backend.created[0].terminated.wait(5)
+
+
+def test_map_aio_awaits_a_coroutine_episode_on_the_calling_loop_gh18(backend, client):
+    """An asyncio trainer's episode coroutine runs on its own loop (where its LLM client and
+    queues live), concurrently, without a thread per episode; one past `timeout` is cancelled."""
+    cancelled: list[int] = []
+
+    async def main() -> list[Any]:
+        caller = asyncio.get_running_loop()
+
+        async def episode(sb: Any, t: int) -> int:
+            assert asyncio.get_running_loop() is caller
+            assert threading.current_thread() is threading.main_thread()
+            try:
+                await asyncio.sleep(30 if t == 3 else 0.05)
+            except asyncio.CancelledError:
+                cancelled.append(t)
+                raise
+            return t * 10
+
+        with SandboxPool("sn-test", max_concurrency=8, client=client) as pool:
+            return [r async for r in pool.map.aio(episode, range(6), timeout=1.0, ordered=True, progress=False)]
+
+    results = asyncio.run(main())
+    assert [r.status for r in results] == ["ok", "ok", "ok", "timeout", "ok", "ok"]
+    assert [r.value for r in results] == [0, 10, 20, None, 40, 50]
+    assert cancelled == [3]
+    assert all(sb.terminated.wait(5) for sb in backend.created)
+
+
+def test_blocking_map_runs_a_coroutine_episode_too(backend, client):
+    async def episode(sb: Any, t: int) -> bool:
+        await asyncio.sleep(0)
+        return t % 2 == 0
+
+    assert [r.reward for r in run(client, episode, range(4), ordered=True)] == [1.0, 0.0, 1.0, 0.0]
