@@ -19,10 +19,12 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpcore
 import httpx
 
 from .. import errors
 from ..config import Paths
+from .netbackend import AsyncioBackend
 
 DAEMON_START_TIMEOUT_S = 90.0
 MAX_CONNECTIONS = 1024  # concurrent requests beyond this wait for a connection
@@ -87,12 +89,15 @@ class AsyncClient:
         limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_IDLE,
                               keepalive_expiry=KEEPALIVE_EXPIRY_S)
         if url and url.startswith("http"):
-            default: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(limits=limits)
             base = url
         else:
             self.socket_path = url.removeprefix("unix://") if url else str(self.paths.socket)
-            default = httpx.AsyncHTTPTransport(uds=self.socket_path, limits=limits)
             base = "http://rollbox"
+        default = httpx.AsyncHTTPTransport(uds=self.socket_path, limits=limits)
+        # The same pool httpx makes, on plain asyncio sockets instead of anyio's (netbackend.py).
+        default._pool = httpcore.AsyncConnectionPool(
+            max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_IDLE,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S, uds=self.socket_path, network_backend=AsyncioBackend())
         self.base_url = url or f"unix://{self.paths.socket}"
         headers = {"user-agent": "rollbox-sdk"}
         token = token if token is not None else os.environ.get("ROLLBOX_TOKEN")
