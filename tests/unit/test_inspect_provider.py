@@ -39,6 +39,23 @@ def test_entry_point_names_the_module_that_registers_the_provider() -> None:
     assert not any(dep.startswith("inspect-ai") for dep in project["dependencies"])
 
 
+def test_inspect_finds_the_provider_by_name_through_its_entry_point() -> None:
+    """A fresh interpreter that never imports rollbox: inspect's own registry lookup loads the
+    `inspect_ai` entry point of the installed distribution and finds `rollbox`."""
+    code = ("import sys\n"
+            "from inspect_ai.util._sandbox.registry import registry_find_sandboxenv, registry_has_sandboxenv\n"
+            "assert not [m for m in sys.modules if m.split('.')[0] == 'rollbox'], 'rollbox imported early'\n"
+            "env = registry_find_sandboxenv('rollbox')\n"
+            "assert registry_has_sandboxenv('rollbox')\n"
+            "print(env.__module__, env.__qualname__, sys.modules[env.__module__].__file__)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    module, name, file = r.stdout.split()
+    assert (module, name) == ("rollbox.integrations.inspect.environment", "RollboxSandboxEnvironment")
+    assert Path(file).resolve().is_relative_to(ROOT / "rollbox")  # this checkout's provider
+
+
 def test_plain_rollbox_never_imports_inspect() -> None:
     code = ("import sys, rollbox, rollbox.sdk.sandbox, rollbox.cli.main\n"
             "assert 'inspect_ai' not in sys.modules, 'inspect_ai imported'\n"
