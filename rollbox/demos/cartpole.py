@@ -1,9 +1,11 @@
 """`rollbox demo cartpole`: a whole RL loop on one platform.
 
 Each iteration:
-1. rollouts: `rollbox.gym.make_vec("CartPole-v1", num_envs=concurrency)` is a gymnasium
-   VectorEnv whose sub-envs run in sandboxes restored from one warm memory snapshot (an env
-   server that has already imported numpy and gymnasium); the trainer loads the current
+1. rollouts: `rollbox.gym.make_vec("CartPole-v1", num_envs=concurrency, reset_from_snapshot=True)`
+   is a gymnasium VectorEnv whose sub-envs run in sandboxes restored from one warm memory
+   snapshot (an env server that has already imported numpy and gymnasium and made the env);
+   every episode's reset swaps in a fresh copy of that prepared env (restored ahead, while the
+   previous episode runs) instead of re-running its set-up; the trainer loads the current
    policy from a `Volume`, samples actions here, steps all sandboxes side by side (autoreset
    per gymnasium's rules) and writes each finished episode's trajectory to the volume;
 2. the policy update: a `@function` (a fresh sandbox on the same image, the same volume) reads
@@ -97,6 +99,7 @@ class CartpoleResult:
     volume: str
     curve_png: str | None
     history: list[dict[str, float]] = field(default_factory=list)
+    env_sandboxes: int = 0  # distinct sandboxes the rollouts stepped (a fresh copy per reset)
 
 
 def _probs_right(W: Any, obs: Any) -> Any:
@@ -107,9 +110,10 @@ def _probs_right(W: Any, obs: Any) -> Any:
     return p[:, 1] / p.sum(axis=1)
 
 
-def _rollouts(envs: Any, vol: Volume, it: int, episodes: int) -> list[float]:
+def _rollouts(envs: Any, vol: Volume, it: int, episodes: int, seen: set[str]) -> list[float]:
     """Runs the vector env until `episodes` episodes have ended (partial ones are dropped);
-    writes each to the volume as traj/iter-{it}/ep-NNN.npz; returns their returns."""
+    writes each to the volume as traj/iter-{it}/ep-NNN.npz; returns their returns. Adds the
+    sandboxes stepped to `seen`."""
     if it == 0:
         W = np.zeros((5, 2))
     else:
@@ -123,6 +127,7 @@ def _rollouts(envs: Any, vol: Volume, it: int, episodes: int) -> list[float]:
     while len(returns) < episodes:
         acts = (rng.random(n) < _probs_right(W, obs)).astype(np.int64)
         nobs, rew, term, trunc, _ = envs.step(acts)
+        seen.update(envs.sandbox_ids)
         for i in range(n):
             if was_done[i]:
                 continue  # this step was sub-env i's autoreset (gymnasium's next-step mode)
@@ -186,14 +191,16 @@ def run_demo(*, iterations: int = 60, episodes_per_iter: int = 20, concurrency: 
     history: list[dict[str, float]] = []
     recent: list[float] = []
     total_eps, total_rollout_s = 0, 0.0
+    seen: set[str] = set()
     t_envs = time.monotonic()
     with rgym.make_vec("CartPole-v1", num_envs=concurrency, image=Image.from_id(image_id),
-                       sandbox=rgym.EnvSandbox(memory=512)) as envs:
-        say(f"{concurrency} CartPole sandboxes (rollbox.gym.make_vec) ready in {time.monotonic() - t_envs:.1f} s")
+                       sandbox=rgym.EnvSandbox(memory=512), reset_from_snapshot=True) as envs:
+        say(f"{concurrency} CartPole sandboxes (rollbox.gym.make_vec, reset_from_snapshot) ready in "
+            f"{time.monotonic() - t_envs:.1f} s")
         say(f"{'iter':>4} {'mean return':>11} {'last-20':>8} {'episodes/s':>10} {'update s':>8}")
         for it in range(iterations):
             t0 = time.monotonic()
-            returns = _rollouts(envs, vol, it, episodes_per_iter)
+            returns = _rollouts(envs, vol, it, episodes_per_iter, seen)
             roll_s = time.monotonic() - t0
             recent = (recent + returns)[-20:]
             total_eps += len(returns)
@@ -213,7 +220,8 @@ def run_demo(*, iterations: int = 60, episodes_per_iter: int = 20, concurrency: 
     final = history[-1]["last20_mean_return"] if history else 0.0
     res = CartpoleResult(final_mean_return=round(final, 1), iterations=len(history), episodes=total_eps,
                          episodes_per_s=round(total_eps / total_rollout_s, 2) if total_rollout_s else 0.0,
-                         solved=final >= SOLVED, volume=vol.name, curve_png=png, history=history)
+                         solved=final >= SOLVED, volume=vol.name, curve_png=png, history=history,
+                         env_sandboxes=len(seen))
     if not keep_volume:
         vol.delete()
     print(json.dumps({k: v for k, v in res.__dict__.items() if k != "history"}), flush=True)

@@ -8,7 +8,8 @@ cached, content-addressed layer:
 
     FROM debian | debian:bookworm* | debian:12*   Image.debian()  (other refs: from_registry;
                                                   an earlier stage's name: that stage's steps)
-    RUN cmd | RUN ["exec", "form"]                {"kind": "run"} (stage ARGs exported first)
+    RUN cmd | RUN ["exec", "form"]                {"kind": "run"} (stage ARGs exported first;
+                                                  a flag such as --mount or --network is refused)
     COPY/ADD [--chown=U[:G]] [--chmod=OCT] src.. dest
                                                   {"kind": "copy"}: a tar of the context files
                                                   (.dockerignore applied); ADD of a local tar
@@ -54,6 +55,8 @@ KNOWN_UNSUPPORTED = ("HEALTHCHECK", "ONBUILD", "STOPSIGNAL", "SHELL", "VOLUME")
 # A variable the translation cannot know (set by the base image): expanded by the builder.
 IMAGE_VAR = "\x00{}\x00"
 _MODIFIER = re.compile(r"\$\{(\w+):([-+])([^}]*)\}")
+# BuildKit's RUN flags (`--mount=...`, `--network=...`, `--security=...`) come before the command.
+_RUN_FLAG = re.compile(r"\s*(--[A-Za-z][\w-]*)(?:=\S*)?(?:\s|$)")
 
 
 class DockerfileError(InvalidArgument):
@@ -214,6 +217,11 @@ class _Translator(CopyInstructions):
             (self.global_args if stage is None else stage.args)[key] = val
 
     def i_run(self, value: str, stage: _Stage) -> None:
+        flag = _RUN_FLAG.match(value)
+        if flag:
+            raise self.err(f"flag {flag.group(1)} is not supported: rollbox runs each RUN in a build sandbox "
+                           "with network access and no BuildKit mounts; remove the flag (COPY what a "
+                           "--mount would bring in)")
         argv = _json_list(value)
         cmd = ("exec " + shlex.join(argv)) if argv else value.strip()
         if not cmd or argv == []:

@@ -119,8 +119,9 @@ class Image:
 
         Raises:
             DockerfileError (an InvalidArgument): an unsupported instruction (HEALTHCHECK,
-                SHELL, VOLUME, ...), `FROM scratch`, ADD of a URL, a source missing from the
-                context; the message names the line.
+                SHELL, VOLUME, ...) or RUN flag (`--mount`, `--network`, `--security`), ADD
+                of a URL, a source missing from the context; the message names the line.
+                (`FROM scratch` builds: an empty image, whose RUN has no shell, as in Docker.)
             InvalidArgument: the Dockerfile or context cannot be read.
         """
         import warnings

@@ -19,6 +19,8 @@ def test_cartpole_learns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     late = sum(h["mean_return"] for h in res.history[-2:]) / 2
     assert first < 40, res.history  # it starts random
     assert late >= 45, [round(h["mean_return"]) for h in res.history]  # and learns well above ~22
+    # reset_from_snapshot: every episode started in a fresh copy of the prepared env
+    assert res.env_sandboxes >= res.episodes, res.env_sandboxes
     assert res.curve_png and Path(res.curve_png).stat().st_size > 1000
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {"final_mean_return", "iterations", "episodes", "episodes_per_s"} <= set(line)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures as cf
+import contextlib
 import os
 import re
 import signal
@@ -49,13 +50,13 @@ class Server:
         return requests.post(self.url + path, timeout=120, **kw)  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@contextlib.contextmanager
+def serve_fusion(log: Path, *args: str) -> Iterator[Server]:
+    """`python -m rollbox serve-fusion ARGS` on a free loopback port, as a user starts it; the
+    sandbox-fusion client pointed at it once it answers /v1/ping; stopped (SIGTERM) at the end."""
     port = _free_port()
-    log = tmp_path_factory.mktemp("fusion") / "serve-fusion.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "rollbox", "serve-fusion", "--listen", f"127.0.0.1:{port}",
-                                 "--concurrency", "4", "--image", os.environ.get("ROLLBOX_FUSION_TEST_IMAGE", "debian")],
+        proc = subprocess.Popen([sys.executable, "-m", "rollbox", "serve-fusion", "--listen", f"127.0.0.1:{port}", *args],
                                 stdout=out, stderr=subprocess.STDOUT,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1"))
     url = f"http://127.0.0.1:{port}"
@@ -73,10 +74,23 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             pytest.fail(f"serve-fusion did not answer within {START_TIMEOUT_S} s:\n{log.read_text()}")
         time.sleep(0.5)
     set_sandbox_endpoint(url)
-    yield Server(proc, url, log)
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    try:
+        yield Server(proc, url, log)
+    finally:
+        if proc.poll() is None:  # SIGTERM: it closes its pool (and the sandboxes there) first
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("fusion") / "serve-fusion.log"
+    with serve_fusion(log, "--concurrency", "4", "--image", os.environ.get("ROLLBOX_FUSION_TEST_IMAGE", "debian")) as srv:
+        yield srv
 
 
 def code(src: str, language: str = "python", **kw: object) -> RunCodeRequest:
@@ -211,12 +225,16 @@ def test_run_jupyter_timeout_lists_the_cells_that_ran(server: Server) -> None:
 def test_fork_bomb_and_memory_hog_then_normal_requests(server: Server) -> None:
     bomb = run_code(code("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
                          run_timeout=3))
+    # Capped at the container's process limit, it spins until its timeout, where the zygote
+    # counts its container's processes: a full process limit is the fork bomb's Error, 137.
     assert bomb.status == RunStatus.Failed
-    # Capped at the container's process limit, it spins until its timeout (with isolation=
-    # "sandbox" the bomb fills the sandbox's memory first: Error, 137, "out of memory").
-    assert bomb.run_result.status in (CommandRunStatus.TimeLimitExceeded, CommandRunStatus.Error)
+    assert (bomb.run_result.status, bomb.run_result.return_code) == (CommandRunStatus.Error, 137)
+    assert bomb.message.startswith("process limit: the program filled its process limit"), bomb.message
+    # bash's bomb puts itself in the background and the script ends at once (0); the episode's
+    # end kills what it left in its container's PID namespace.
     shell_bomb = run_code(code(":(){ :|:& };:", "bash", run_timeout=3))
-    assert shell_bomb.status in (RunStatus.Success, RunStatus.Failed)
+    assert shell_bomb.status == RunStatus.Success and shell_bomb.message == ""
+    assert (shell_bomb.run_result.status, shell_bomb.run_result.return_code) == (CommandRunStatus.Finished, 0)
     hog = run_code(code("x = bytearray(8 << 30)\nprint('allocated')"))
     assert hog.status == RunStatus.Failed and "allocated" not in hog.run_result.stdout
     assert (hog.run_result.return_code, hog.run_result.stderr.splitlines()[-1]) == (1, "MemoryError")

@@ -3,6 +3,7 @@ gymnasium's own env checker and against local gymnasium envs stepped the same wa
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,6 +119,66 @@ def test_make_vec_autoresets_and_matches_local_gymnasium(opened: list) -> None:
     after = envs.reset(seed=[None, 9, None], options={"reset_mask": mask})[0]
     local = gymnasium.make("CartPole-v1")
     assert np.array_equal(after[1], local.reset(seed=9)[0]) and np.array_equal(after[[0, 2]], before[[0, 2]])
+
+
+def test_make_vec_autoreset_disabled_follows_gymnasiums_rules(opened: list) -> None:
+    """AutoresetMode.DISABLED: an ended sub-env is never reset by step(); stepping again
+    before `reset(options={"reset_mask": ...})` is an error (gymnasium's SyncVectorEnv asserts),
+    which moves no sub-env; after the masked reset all step on exactly as local gymnasium does."""
+    vk = {"autoreset_mode": gymnasium.vector.AutoresetMode.DISABLED}
+    envs = rg.make_vec("CartPole-v1", num_envs=3, vector_kwargs=vk)
+    opened.append(envs)
+    local = gymnasium.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync", vector_kwargs=vk)
+    assert envs.metadata["autoreset_mode"] == local.metadata["autoreset_mode"] == gymnasium.vector.AutoresetMode.DISABLED
+    assert np.array_equal(envs.reset(seed=21)[0], local.reset(seed=21)[0])
+    rng = np.random.default_rng(1)
+    resets = 0
+    for _ in range(120):
+        act = rng.integers(0, 2, size=3)
+        obs, rew, term, trunc, _ = envs.step(act)
+        lobs, lrew, lterm, ltrunc, _ = local.step(act)
+        assert np.array_equal(obs, lobs) and np.array_equal(rew, lrew)
+        assert np.array_equal(term, lterm) and np.array_equal(trunc, ltrunc)
+        assert np.all(rew == 1.0)  # no step is a silent reset (NextStep's reward-0 step)
+        done = term | trunc
+        if done.any():
+            # (gymnasium's SyncVectorEnv asserts inside its loop, after stepping the sub-envs
+            # before the ended one; rollbox refuses before any sub-env moves)
+            with pytest.raises(gymnasium.error.Error, match="autoreset is disabled"):
+                envs.step(act)
+            seeds = [100 + i if d else None for i, d in enumerate(done)]
+            got = envs.reset(seed=seeds, options={"reset_mask": done})[0]
+            want = local.reset(seed=seeds, options={"reset_mask": done})[0]
+            assert np.array_equal(got, want)
+            assert np.array_equal(got[~done], obs[~done])  # the others keep their state
+            resets += 1
+    assert resets >= 2
+
+
+def test_make_vec_with_wrappers_is_gymnasiums_sync_vector_env(opened: list) -> None:
+    """wrappers= wraps each sandboxed sub-env here and returns gymnasium's own SyncVectorEnv,
+    stepping as `gymnasium.make_vec(..., wrappers=...)` does with the same wrappers."""
+    wrappers = [functools.partial(gymnasium.wrappers.TimeLimit, max_episode_steps=8),
+                functools.partial(gymnasium.wrappers.TransformReward, func=lambda r: 2.0 * r)]
+    envs = rg.make_vec("CartPole-v1", num_envs=2, wrappers=wrappers)
+    opened.append(envs)
+    local = gymnasium.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync", wrappers=wrappers)
+    assert isinstance(envs, gymnasium.vector.SyncVectorEnv)
+    subs = envs.envs
+    assert [type(e) for e in subs] == [gymnasium.wrappers.TransformReward] * 2
+    assert isinstance(subs[0].env, gymnasium.wrappers.TimeLimit)
+    assert {type(e.unwrapped) for e in subs} == {rg.RemoteEnv}
+    assert len({e.unwrapped.sandbox_id for e in subs}) == 2
+    assert np.array_equal(envs.reset(seed=5)[0], local.reset(seed=5)[0])
+    truncated = 0
+    for t in range(20):
+        act = np.array([t % 2, (t + 1) % 2])
+        obs, rew, term, trunc, _ = envs.step(act)
+        lobs, lrew, lterm, ltrunc, _ = local.step(act)
+        assert np.array_equal(obs, lobs) and np.array_equal(term, lterm) and np.array_equal(trunc, ltrunc)
+        assert np.array_equal(rew, lrew) and set(rew.tolist()) <= {0.0, 2.0}  # doubled; 0 on autoreset
+        truncated += int(trunc.sum())
+    assert truncated >= 2  # the TimeLimit of 8 steps ran here, in the trainer's process
 
 
 def test_reset_from_snapshot_restores_prepared_state_without_setup(opened: list) -> None:

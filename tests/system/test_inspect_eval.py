@@ -85,3 +85,55 @@ def test_eval_failed_sample_leaves_no_sandbox(tmp_path: Path) -> None:
     info = default_client().request("GET", f"/sandboxes/{record.read_text()}")
     assert (info["state"], info["memory_mib"], info["cpu"]) == ("terminated", 512, 0.5)  # the YAML's sandbox
     assert live_sandboxes("rollbox_fail") == []
+
+
+@solver
+def read_the_image() -> Any:
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        sb = sandbox()
+        state.metadata["sandbox_id"] = sb.as_type(RollboxSandboxEnvironment).sandbox_id
+        r = await sb.exec(["sh", "-c", 'cat /opt/greeting; pwd; echo "$ANSWER_FILE"; cat answer.txt | tee /tmp/answer'])
+        state.metadata["seen"] = r.stdout
+        state.output.completion = r.stdout.strip()
+        return state
+
+    return solve
+
+
+DOCKERFILE = ("FROM debian\n"
+              "ARG GREETING=hello\n"
+              "ENV ANSWER_FILE=/opt/app/answer.txt\n"
+              "WORKDIR /opt/app\n"
+              "COPY answer.txt ./\n"
+              'RUN echo "$GREETING" > /opt/greeting\n')
+
+
+@pytest.mark.parametrize("via", ["dockerfile", "yaml"])
+def test_eval_on_a_dockerfile_image(tmp_path: Path, via: str) -> None:
+    """`sandbox=("rollbox", "env/Dockerfile")` as inspect's docker provider takes it, or a
+    rollbox.yaml naming a Dockerfile, its context and build args (relative to the YAML's
+    directory): task_init builds it once and every sample boots that image."""
+    env = tmp_path / "env"
+    (env / "ctx").mkdir(parents=True)
+    (env / "Dockerfile").write_text(DOCKERFILE)
+    if via == "dockerfile":
+        (env / "answer.txt").write_text("42\n")
+        config, greeting = str(env / "Dockerfile"), "hello"
+    else:
+        (env / "ctx" / "answer.txt").write_text("42\n")
+        (tmp_path / "rollbox.yaml").write_text("dockerfile: env/Dockerfile\ncontext: env/ctx\n"
+                                               "build_args: {GREETING: bonjour}\nmemory: 512\n")
+        config, greeting = str(tmp_path / "rollbox.yaml"), "bonjour"
+    samples = [Sample(id=i, input="answer?", target="42") for i in (1, 2)]
+    task = Task(name=f"rollbox_dockerfile_{via}", dataset=samples, solver=read_the_image(), scorer=answer_file(),
+                sandbox=("rollbox", config))
+    (log,) = inspect_eval(task, model="mockllm/model", log_dir=str(tmp_path / "logs"), display="none")
+    assert log.status == "success", log.error
+    assert log.results is not None and log.results.scores[0].metrics["accuracy"].value == 1.0
+    assert log.samples is not None and len(log.samples) == 2
+    for s in log.samples:
+        assert s.metadata["seen"] == f"{greeting}\n/opt/app\n/opt/app/answer.txt\n42\n"
+    images = {default_client().request("GET", f"/sandboxes/{s.metadata['sandbox_id']}")["image_id"]
+              for s in log.samples}
+    assert len(images) == 1 and images != {"im-debian-bookworm"}  # one built image, both samples
+    assert live_sandboxes(f"rollbox_dockerfile_{via}") == []

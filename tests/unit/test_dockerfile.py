@@ -313,6 +313,22 @@ def test_unsupported_instructions_name_themselves_and_their_line(tmp_path: Path,
     assert (e.value.line, e.value.instruction) == (4, insn) and isinstance(e.value, InvalidArgument)
 
 
+@pytest.mark.parametrize("run, flag", [
+    ("RUN --mount=type=cache,target=/root/.cache pip install x", "--mount"),
+    ("RUN --network=none make", "--network"),
+    ("RUN --security=insecure true", "--security"),
+    ('RUN --mount=type=secret,id=tok ["cat", "/run/secrets/tok"]', "--mount"),
+    ("RUN  --network  true", "--network"),
+])
+def test_run_flags_are_refused_naming_the_flag_and_line(tmp_path: Path, run: str, flag: str) -> None:
+    """A BuildKit RUN flag must not reach the shell as part of the command."""
+    with pytest.raises(DockerfileError, match=f"^Dockerfile line 3: RUN: flag {flag} is not supported") as e:
+        translate(_write(tmp_path, f"FROM debian\nRUN true\n{run}\n"))
+    assert (e.value.line, e.value.instruction) == (3, "RUN") and isinstance(e.value, InvalidArgument)
+    # a command that merely contains `--flag=...` later on is still a plain RUN
+    assert df(tmp_path, "FROM debian\nRUN pip install --network=x y\n")[0]["commands"] == ["pip install --network=x y"]
+
+
 @pytest.mark.parametrize("text,match", [
     ("FROM debian\nFROBNICATE x\n", "line 2: FROBNICATE: unknown instruction"),
     ("RUN true\nFROM debian\n", "line 1: RUN: only ARG may come before the first FROM"),

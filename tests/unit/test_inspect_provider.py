@@ -39,6 +39,23 @@ def test_entry_point_names_the_module_that_registers_the_provider() -> None:
     assert not any(dep.startswith("inspect-ai") for dep in project["dependencies"])
 
 
+def test_inspect_finds_the_provider_by_name_through_its_entry_point() -> None:
+    """A fresh interpreter that never imports rollbox: inspect's own registry lookup loads the
+    `inspect_ai` entry point of the installed distribution and finds `rollbox`."""
+    code = ("import sys\n"
+            "from inspect_ai.util._sandbox.registry import registry_find_sandboxenv, registry_has_sandboxenv\n"
+            "assert not [m for m in sys.modules if m.split('.')[0] == 'rollbox'], 'rollbox imported early'\n"
+            "env = registry_find_sandboxenv('rollbox')\n"
+            "assert registry_has_sandboxenv('rollbox')\n"
+            "print(env.__module__, env.__qualname__, sys.modules[env.__module__].__file__)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    module, name, file = r.stdout.split()
+    assert (module, name) == ("rollbox.integrations.inspect.environment", "RollboxSandboxEnvironment")
+    assert Path(file).resolve().is_relative_to(ROOT / "rollbox")  # this checkout's provider
+
+
 def test_plain_rollbox_never_imports_inspect() -> None:
     code = ("import sys, rollbox, rollbox.sdk.sandbox, rollbox.cli.main\n"
             "assert 'inspect_ai' not in sys.modules, 'inspect_ai imported'\n"
@@ -64,7 +81,7 @@ def test_config_from_yaml_file(tmp_path: Path) -> None:
     empty.write_text("")
     assert load_config(str(empty)) == RollboxSandboxConfig()
     assert RollboxSandboxEnvironment.config_deserialize({"cpu": 2}) == RollboxSandboxConfig(cpu=2)
-    assert RollboxSandboxEnvironment.config_files() == ["rollbox.yaml", "rollbox.yml"]
+    assert RollboxSandboxEnvironment.config_files() == ["rollbox.yaml", "rollbox.yml", "Dockerfile"]
     assert not RollboxSandboxEnvironment.is_docker_compatible()
 
 
@@ -85,8 +102,10 @@ def test_bad_config_is_a_value_error(tmp_path: Path, text: str, needle: str) -> 
 def test_config_file_errors(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         load_config(str(tmp_path / "missing.yaml"))
-    with pytest.raises(ValueError, match="not a Docker file"):
+    with pytest.raises(ValueError, match="not a compose file"):
         load_config(str(tmp_path / "compose.yaml"))
+    with pytest.raises(FileNotFoundError, match="no such Dockerfile"):
+        load_config(str(tmp_path / "Dockerfile"))
     with pytest.raises(ValueError, match="must be a file path"):
         load_config(42)
 
@@ -98,6 +117,58 @@ def test_config_images() -> None:
     assert dict(img.base)["registry"] == "localhost:5000/app:v1" and dict(img.base)["insecure"] is True
     with pytest.raises(ValueError, match="debian"):
         RollboxSandboxConfig(image="im-abc", python="3.11").to_image()
+
+
+def test_dockerfile_config_resolves_against_the_yaml_files_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    task = tmp_path / "task"
+    (task / "env" / "ctx").mkdir(parents=True)
+    (task / "env" / "Dockerfile").write_text("FROM debian\nARG V=1\nCOPY hello.txt /opt/\nRUN echo $V\n")
+    (task / "env" / "ctx" / "hello.txt").write_text("hi\n")
+    (task / "rollbox.yaml").write_text("dockerfile: env/Dockerfile\ncontext: env/ctx\nbuild_args: {V: '2'}\n"
+                                       "memory: 512\n")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # relative to the YAML file, not to the working directory
+    cfg = load_config(str(task / "rollbox.yaml"))
+    assert (cfg.dockerfile, cfg.context) == (str(task / "env" / "Dockerfile"), str(task / "env" / "ctx"))
+    assert cfg.build_args == {"V": "2"} and cfg.memory == 512
+    img = cfg.to_image()
+    assert img.image_id == "im-debian-bookworm" and img.needs_build
+    kinds = [step["kind"] for step in img.steps]
+    assert kinds == ["copy", "run"] and img.steps[1]["commands"] == ["export V=2; echo $V"]
+    # The same config round-trips through inspect's serialisation (absolute paths by then).
+    assert RollboxSandboxEnvironment.config_deserialize(cfg.model_dump()) == cfg
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.dev", "app.Dockerfile", "app.dockerfile"])
+def test_a_dockerfile_path_is_a_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """`sandbox=("rollbox", "path/to/Dockerfile")`, as inspect's docker provider takes it."""
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / name).write_text("FROM debian\nRUN true\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(f"env/{name}")
+    assert cfg == RollboxSandboxConfig(dockerfile=str(tmp_path / "env" / name))
+    assert cfg.to_image().steps == ({"kind": "run", "commands": ["true"]},)
+
+
+@pytest.mark.parametrize("data, needle", [
+    ({"dockerfile": "Dockerfile", "image": "im-abc"}, "not both"),
+    ({"dockerfile": "Dockerfile", "python": "3.11"}, "not both"),
+    ({"context": "."}, "dockerfile only"),
+    ({"build_args": {"A": "b"}}, "dockerfile only"),
+])
+def test_dockerfile_config_conflicts(data: dict[str, object], needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        load_config(data)
+
+
+def test_task_init_rejects_an_unbuildable_dockerfile_naming_its_line(tmp_path: Path) -> None:
+    import anyio
+
+    f = tmp_path / "Dockerfile"
+    f.write_text("FROM debian\nRUN --mount=type=cache,target=/c true\n")
+    with pytest.raises(ValueError, match="Dockerfile line 2: RUN: flag --mount is not supported"):
+        anyio.run(_task_init, load_config(str(f)))
 
 
 async def _task_init(cfg: RollboxSandboxConfig) -> None:

@@ -31,6 +31,7 @@ from inspect_ai.util._sandbox.lifecycle import sandbox_lifecycle_state
 from pydantic import BaseModel
 
 from ... import errors
+from ...sdk.image import Image
 from ...sdk.sandbox import Sandbox, SandboxInstance, default_client
 from ...types import ExecResult
 from . import scripts
@@ -51,6 +52,8 @@ class _Live:
     """Sandboxes not yet cleaned up, by task name (what task_cleanup ends)."""
 
     by_task: dict[str, dict[str, SandboxInstance]] = field(default_factory=dict)
+    # Images task_init built (a Dockerfile, a Python version), by configuration: samples boot them.
+    built: dict[str, Image] = field(default_factory=dict)
 
 
 # Used only outside an eval's lifecycle scope (a provider driven directly, as tests do).
@@ -110,13 +113,32 @@ class RollboxSandboxEnvironment(SandboxEnvironment):
 
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
-        """Checks the configuration (a bad one fails the task before any sample starts)."""
+        """Checks the configuration and builds its image once (a Dockerfile, a Python version:
+        each step a cached layer), so a bad one fails the task before any sample starts and
+        the samples boot the built image.
+
+        Raises:
+            ValueError: a bad configuration or a Dockerfile rollbox cannot build (the message
+                names its line). rollbox's ImageBuildError: a build step failed (its output
+                is in the message).
+        """
         cfg = load_config(config)
         try:
-            cfg.to_image()
+            image = cfg.to_image()
         except errors.InvalidArgument as e:
             raise ValueError(str(e)) from None
-        _live().by_task.setdefault(task_name, {})
+        live = _live()
+        live.by_task.setdefault(task_name, {})
+        if image.needs_build:
+            image_id = await _in_thread(image.build)
+            live.built[cfg.model_dump_json()] = Image.from_id(image_id)
+
+    @staticmethod
+    def _image(cfg: RollboxSandboxConfig) -> Image:
+        """The image a sample boots: the one task_init built for this configuration, else the
+        configuration's own (built, cached, when the sandbox is made)."""
+        built = _live().built.get(cfg.model_dump_json())
+        return built if built is not None else cfg.to_image()
 
     @classmethod
     async def sample_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None,
@@ -130,7 +152,7 @@ class RollboxSandboxEnvironment(SandboxEnvironment):
         """
         cfg = load_config(config)
         try:
-            spec = Sandbox(image=cfg.to_image(), cpu=cfg.cpu, memory=cfg.memory, disk=cfg.disk, env=dict(cfg.env),
+            spec = Sandbox(image=cls._image(cfg), cpu=cfg.cpu, memory=cfg.memory, disk=cfg.disk, env=dict(cfg.env),
                            block_network=not cfg.network, allow_list=cfg.allow_list if cfg.network else None,
                            keep_warm_seconds=cfg.keep_warm_seconds, tags={TASK_TAG: task_name[:200]})
         except errors.InvalidArgument as e:

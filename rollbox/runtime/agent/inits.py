@@ -156,7 +156,7 @@ def init_main(sock, c, bounding):
         agent._out_fd = 1
         agent._identity["env"] = dict(c.env)
         nsutil.enter_root(c.root, c.shm_mib, c.hostname, c.as_mib, binds=c.binds, bounding=bounding)
-        agent.PIDS_REPORT_AT = max(16, nsutil.CONTAINER_NPROC // 2)
+        agent.PIDS_REPORT_AT = nsutil.CONTAINER_PIDS_REPORT_AT
         init = container_init.ContainerInit(warm_python.launch_warm_python)
     except BaseException:  # noqa: BLE001 - its requests fail as a gone init
         os._exit(1)

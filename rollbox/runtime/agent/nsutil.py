@@ -171,6 +171,9 @@ def remove_filesystem(cid):
 # running when it forks: under the sandbox's own RLIMIT_NPROC (512, bundle.py), so a fork
 # bomb in one container stops there and leaves the zygote room to serve its neighbours.
 CONTAINER_NPROC = 48
+# A command killed at its timeout with at least this many processes in its container filled
+# the limit above (a fork bomb): reported `pids_limited`.
+CONTAINER_PIDS_REPORT_AT = max(16, CONTAINER_NPROC // 2)
 
 
 _LO_UP = struct.pack("16sH14s", b"lo", 0x1 | 0x40, b"\0" * 14)
@@ -263,8 +266,9 @@ def drop_capabilities(bounding=None):
 
 
 def pid_namespace(pid):
-    """The inode of `pid`'s PID namespace (None when it is gone)."""
+    """`pid`'s PID namespace, as its /proc link names it ("pid:[N]"; None when it is gone).
+    Not stat()'s inode: under gVisor every /proc/PID/ns/pid file has an inode of its own."""
     try:
-        return os.stat("/proc/%d/ns/pid" % pid).st_ino
+        return os.readlink("/proc/%d/ns/pid" % pid)
     except OSError:
         return None

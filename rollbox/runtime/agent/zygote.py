@@ -68,7 +68,7 @@ class Container:
         self.spawned = False  # the serving init has started a command: no in-place run there
         self.inplace = None   # container_init.Running of the command running in place
         self.queue = []       # frames that arrived while it ran
-        self.pidns = set()    # PID namespace inodes its inits had (to check nothing is left)
+        self.pidns = set()    # PID namespaces its inits had (to check nothing is left)
         self.pending = {}     # request id -> (op, deadline or None) of frames its init owes a reply
         self.init_lost = False  # an init died or hung while it owed replies (the pool retires the sandbox)
 
@@ -319,6 +319,7 @@ class Zygote(inits.Inits):
                     continue
                 if r.deadline is not None and now >= r.deadline and r.status is None and not r.timed_out:
                     r.timed_out = True
+                    r.tree = _namespace_size(r.pid)  # a fork bomb filled it: reported pids_limited
                     try:
                         os.kill(r.pid, signal.SIGKILL)  # the init: its whole namespace goes
                     except ProcessLookupError:
@@ -331,6 +332,13 @@ class Zygote(inits.Inits):
 
 def _pids():
     return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+
+
+def _namespace_size(pid):
+    """Processes in `pid`'s PID namespace (0 when it is gone), counted before a timeout kills
+    them, as the container's init counts the tree it kills (container_init.Running.tree)."""
+    ns = nsutil.pid_namespace(pid)
+    return 0 if ns is None else sum(1 for p in _pids() if nsutil.pid_namespace(p) == ns)
 
 
 def main():
@@ -348,6 +356,7 @@ def main():
     except OSError:
         pass
     agent._key["key"] = key
+    agent.PIDS_REPORT_AT = nsutil.CONTAINER_PIDS_REPORT_AT  # what a command run in place reports against
     nsutil.libc.prctl(nsutil.PR_SET_DUMPABLE, 0, 0, 0, 0)  # no /proc/PID/mem or fd access from outside
     nsutil.libc.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     nsutil.private_mounts()
