@@ -21,9 +21,10 @@ import shutil
 from pathlib import Path
 
 # What the sandbox needs of the package's agent directory: the native binary (when built) and
-# agent.py (the fallback, also what `ROLLBOX_AGENT=python` runs).
-AGENT_FILES = ("rollbox-agent", "agent.py", "jail.py", "procs.py", "code_driver.py", "zygote.py", "container_init.py",
-               "nsutil.py", "warm_python.py", "inits.py")
+# agent.py with its modules (the fallback, also what `ROLLBOX_AGENT=python` runs).
+AGENT_FILES = ("rollbox-agent", "agent.py", "frames.py", "children.py", "execop.py", "fileops.py", "zygotelink.py",
+               "jail.py", "procs.py", "code_driver.py", "zygote.py", "container_init.py", "nsutil.py", "warm_python.py",
+               "inits.py")
 
 
 def _present(src: Path) -> list[Path]:

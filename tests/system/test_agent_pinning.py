@@ -14,6 +14,7 @@ import pytest
 from rollbox import Image, Sandbox
 from rollbox.client.transport import Client, stop_daemon
 from rollbox.config import Paths
+from rollbox.runtime.agentdir import AGENT_FILES
 from rollbox.runtime.bundle import AGENT_DIR
 from tests.system.conftest import side_home
 
@@ -40,7 +41,9 @@ def _variant_build(work: Path) -> Path:
     out = work / "agent"
     out.mkdir()
     shutil.copy2(work / "target" / "x86_64-unknown-linux-gnu" / "release" / "rollbox-agent", out / "rollbox-agent")
-    shutil.copy2(AGENT_DIR / "agent.py", out / "agent.py")
+    for name in AGENT_FILES:  # the Python agent whole (ROLLBOX_AGENT=python boots agent.py and its modules)
+        if name.endswith(".py"):
+            shutil.copy2(AGENT_DIR / name, out / name)
     return out
 
 

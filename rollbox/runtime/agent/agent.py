@@ -16,6 +16,13 @@ that it unlinks before any user process exists, and its memory is not readable (
 Requests carry an integer `id`; the reply carries the same `id`. Requests run concurrently
 (one thread each), so a long exec never blocks a ping or a file read.
 
+The agent's other jobs live beside it (installed together at /.rollbox, imported as top-level
+modules): frames.py (frame primitives, the HMAC), children.py (spawning, reaping and killing
+child processes), execop.py (the exec and spawn requests), fileops.py (the file requests),
+procs.py (background processes), jail.py (per-exec cgroups, the OOM watcher) and zygotelink.py
+(the link to the episode-container zygote). agent.py itself serves the channel: it reads,
+verifies and dispatches requests, and sends replies.
+
 This file runs under the image's own `python3` and must import nothing outside the
 standard library.
 """
@@ -25,38 +32,46 @@ import ctypes
 import json
 import os
 import queue
-import resource
 import select
 import signal
 import socket
-import stat
-import struct
 import subprocess
-import sys
 import threading
 import time
-from _operator import _compare_digest  # constant time; `hmac` would load OpenSSL (+6 MiB)
 
 try:
-    import jail  # beside this file (runtime/agentdir.py installs them)
-    import procs  # procs.py, next to this file (sys.path[0] is /.rollbox in the sandbox)
+    import children  # beside this file (runtime/agentdir.py installs them; sys.path[0] is /.rollbox)
+    import execop
+    import fileops
+    import frames
+    import jail
+    import procs
+    import zygotelink
 except ImportError:  # imported as rollbox.runtime.agent.agent (unit tests)
+    from . import children  # type: ignore[no-redef]
+    from . import execop  # type: ignore[no-redef]
+    from . import fileops  # type: ignore[no-redef]
+    from . import frames  # type: ignore[no-redef]
     from . import jail  # type: ignore[no-redef]
     from . import procs  # type: ignore[no-redef]
+    from . import zygotelink  # type: ignore[no-redef]
+
+# The siblings' names, also as agent.X: the episode-container modules (zygote.py, inits.py,
+# container_init.py) and the unit tests use them so.
+_HDR, MAX_FRAME, _compare_digest, _out_lock = frames._HDR, frames.MAX_FRAME, frames._compare_digest, frames._out_lock
+hmac_sha256, read_exact = frames.hmac_sha256, frames.read_exact
+MARK, PIDS_REPORT_AT, EXEC_PIDS_MAX = children.MARK, children.PIDS_REPORT_AT, children.EXEC_PIDS_MAX
+_waiters, _identity = children._waiters, children._identity
+reaper, marked_pids, kill_tree, exit_code_of = (children.reaper, children.marked_pids, children.kill_tree,
+                                                children.exit_code_of)
+_user_kwargs, _home_or_root, make_env, spawn = (children._user_kwargs, children._home_or_root, children.make_env,
+                                                children.spawn)
+DEFAULT_MAX_OUTPUT, op_spawn, _spawn_failure = execop.DEFAULT_MAX_OUTPUT, execop.op_spawn, execop._spawn_failure
+op_write_file, op_read_file, op_list_files, op_remove = (fileops.op_write_file, fileops.op_read_file,
+                                                         fileops.op_list_files, fileops.op_remove)
 
 PROTOCOL = 2  # 2: requests carry an HMAC too
-_HDR = struct.Struct(">I")
-MARK = "ROLLBOX_EXEC_MARK"
-# Output kept per stream when a request does not say (bytes); the rest is read and dropped.
-DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024
 KILL_GRACE_S = 0.2
-
-_out_lock = threading.Lock()
-_children_lock = threading.Lock()
-# pid -> [event, status]; the reaper fills status for the pids execs wait on.
-_waiters: dict = {}  # type: ignore[type-arg]
-_have_children = threading.Event()
-_identity: dict = {"env": {}}  # type: ignore[type-arg]
 
 
 class Workers:
@@ -106,38 +121,8 @@ _pool = Workers(0)  # replaced with a reserve of threads by main()
 _key = {"key": b""}
 # Where replies go: the daemon's channel (stdout), or an episode container's socket (zygote.py).
 _out_fd = 1
-MAX_FRAME = 1024 * 1024 * 1024
-# An exec whose tree holds this many processes when it is killed ran into RLIMIT_NPROC (which
-# counts every task of the sandbox, threads included; a bomb's tree, seen while it churns, was
-# well under the limit itself).
-_NPROC = resource.getrlimit(resource.RLIMIT_NPROC)[0]
-PIDS_REPORT_AT = max(4, _NPROC // 2) if _NPROC != resource.RLIM_INFINITY else 1 << 30
-# One exec's cgroup holds at most this many tasks: a fork bomb leaves the agent room for its
-# threads and the next exec (as proc.rs's exec_pids_max).
-EXEC_PIDS_MAX = max(4, _NPROC - max(16, _NPROC // 4)) if _NPROC != resource.RLIM_INFINITY else 0
 KEY_FILE = "/.rollbox-key"
 TMP_MARKER = "/tmp/.rollbox-tmp-on-disk"  # keeps gVisor's tmpfs off /tmp (runtime/rootfs.py); gone at start
-
-
-try:
-    # The small built-in SHA-256: importing hashlib loads OpenSSL, ~6.5 MiB more per sandbox.
-    from _sha256 import sha256 as _sha256
-except ImportError:  # pragma: no cover - Python builds without it
-    from hashlib import sha256 as _sha256
-
-
-_pads: dict = {}  # type: ignore[type-arg]
-
-
-def hmac_sha256(key, data):
-    """RFC 2104 HMAC with SHA-256 (block size 64), equal to hmac.new(key, data, sha256)."""
-    pads = _pads.get(key)
-    if pads is None:
-        k = _sha256(key).digest() if len(key) > 64 else key
-        k = k.ljust(64, b"\0")
-        pads = _pads[key] = (bytes(b ^ 0x36 for b in k), bytes(b ^ 0x5C for b in k))
-    inner = _sha256(pads[0] + data).digest()
-    return _sha256(pads[1] + inner).digest()
 
 
 def send(msg):
@@ -158,458 +143,9 @@ def send(msg):
             view = view[n:]
 
 
-def read_exact(fd, n):
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
-def reaper():
-    """Reaps every child, adopted orphans included (we are PID 1 in the sandbox)."""
-    while True:
-        try:
-            pid, status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            _have_children.wait()
-            _have_children.clear()
-            continue
-        except InterruptedError:
-            continue
-        # exec registers its pid under this lock right after spawning, so a pid reaped
-        # before registration is found here; any other pid is an orphan (we are PID 1).
-        with _children_lock:
-            w = _waiters.pop(pid, None)
-        if w is not None:
-            w[1] = status
-            w[0].set()
-
-
-def marked_pids(mark):
-    """Pids whose environment carries this exec's mark: its whole tree, setsid'd ones too."""
-    needle = ("%s=%s" % (MARK, mark)).encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == 1:
-            continue
-        try:
-            with open("/proc/%s/environ" % name, "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if needle in env.split(b"\0"):
-            found.append(int(name))
-    return found
-
-
-def kill_tree(pid, mark, sig=signal.SIGKILL):
-    """Signals the exec's (or background process's) process group and every process of its
-    tree: the members of its cgroup (jail.py) when it has one, else every process carrying its
-    mark: the one kill mechanism of execs and background processes. SIGKILL repeats until none
-    is left; another signal is sent once. Returns how many processes the tree had when the
-    kill began, counted before the first signal (a killed process leaves its cgroup and loses
-    its environ at once)."""
-    name = jail.for_mark(mark)
-    first = max(jail.task_count(name), len(jail.members(name))) if name else len(marked_pids(mark))
-    if sig != signal.SIGKILL:
-        # Once to each: the group, then the tree's processes outside it (setsid'd ones).
-        try:
-            os.killpg(pid, sig)
-        except OSError:
-            pass
-        for p in (jail.members(name) if name else marked_pids(mark)):
-            try:
-                if os.getpgid(p) != pid:
-                    os.kill(p, sig)
-            except OSError:
-                pass
-        return first
-    for _ in range(100):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
-        if name:
-            left = jail.kill_members(name)
-        else:
-            pids = marked_pids(mark)
-            for p in pids:
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except OSError:
-                    pass
-            left = len(pids)
-        if not left:
-            break
-        time.sleep(0.01)
-    return first
-
-
-def exit_code_of(status):
-    if os.WIFEXITED(status):
-        return os.WEXITSTATUS(status)
-    if os.WIFSIGNALED(status):
-        return 128 + os.WTERMSIG(status)
-    return -1
-
-
-def _user_kwargs(user):
-    """Popen arguments for an image's `User` ("name", "uid", "name:group", "uid:gid"), resolved
-    in the sandbox's own /etc/passwd and /etc/group. Raises ValueError for an unknown name."""
-    if not user:
-        return {}
-    import pwd
-    import grp
-    name, _, group = str(user).partition(":")
-    if name.isdigit():
-        uid = int(name)
-        try:
-            gid = pwd.getpwuid(uid).pw_gid
-        except KeyError:
-            gid = uid
-    else:
-        try:
-            pw = pwd.getpwnam(name)
-        except KeyError:
-            # The inspect-ai/Docker wording, which agents and graders match on.
-            raise ValueError("unable to find user %s: no matching entries in passwd file" % name)
-        uid, gid = pw.pw_uid, pw.pw_gid
-    if group:
-        if group.isdigit():
-            gid = int(group)
-        else:
-            try:
-                gid = grp.getgrnam(group).gr_gid
-            except KeyError:
-                raise ValueError("group %r is not in the image's /etc/group" % group)
-    if uid == 0 and gid == 0:
-        return {}
-    return {"user": uid, "group": gid, "extra_groups": []}
-
-
-def op_spawn(req):
-    """Starts a long-running process (an image's entrypoint) without waiting for it; its
-    output goes to `log` (default /dev/null). Returns its pid."""
-    env = dict(os.environ)
-    env.update(_identity["env"])
-    env.update(req.get("env") or {})
-    cwd = req.get("cwd") or _home_or_root(env)
-    try:
-        extra = _user_kwargs(req.get("user"))
-        with open(req.get("log") or "/dev/null", "ab") as out:
-            with _children_lock:
-                proc = subprocess.Popen(req["argv"], stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=cwd,
-                                        env=env, start_new_session=True, restore_signals=True, **extra)
-    except OSError as e:
-        raise ValueError("cannot start %r: %s" % (req["argv"][:1], e))
-    return {"pid": proc.pid}
-
-
-def _home_or_root(env):
-    """No cwd asked for: HOME, or / when the image has no such directory (as Docker does)."""
-    home = env.get("HOME")
-    return home if home and os.path.isdir(home) else "/"
-
-
-def make_env(req):
-    """(env, mark) of a command: the agent's environment, the copy's identity, the request's
-    env, and a fresh tree mark (kill_tree finds every descendant by it)."""
-    # Random, not the request id: a process must not learn which reply it could try to forge.
-    mark = "%d-%s" % (os.getpid(), os.urandom(12).hex())
-    env = dict(os.environ)
-    env.update(_identity["env"])
-    env.update(req.get("env") or {})
-    env[MARK] = mark
-    return env, mark
-
-
-def spawn(argv, env, cwd, user, stdin, stdout, stderr, preexec=None, cg=None):
-    """Starts `argv` in its own session as `user` (in cgroup `cg` of jail.py when given: its
-    whole tree stays there) and registers it with the reaper; returns (Popen, waiter) where
-    waiter[0] is set once waiter[1] holds its wait status.
-    Raises OSError (FileNotFoundError for argv[0] or cwd), ValueError (unknown user)."""
-    extra = _user_kwargs(user)
-    with _children_lock:
-        if cg:
-            jail.enter(cg)  # the child is born in it; this thread moves back below
-        try:
-            # Popen uses vfork without preexec_fn: far cheaper under gVisor than fork().
-            proc = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env,
-                                    start_new_session=True, restore_signals=True, preexec_fn=preexec, **extra)
-        finally:
-            if cg:
-                jail.enter(None)
-        waiter = [threading.Event(), None]
-        _waiters[proc.pid] = waiter
-        _have_children.set()
-    return proc, waiter
-
-
 def op_exec(req):
-    argv = req["argv"]
-    timeout = req.get("timeout")
-    cap = DEFAULT_MAX_OUTPUT if req.get("max_output") is None else int(req["max_output"])  # 0: keep nothing
-    env, mark = make_env(req)
-    cwd = req.get("cwd") or _home_or_root(env)
-    stdin_data = base64.b64decode(req["stdin"]) if req.get("stdin") is not None else None
-
-    start = time.monotonic()
-    # The exec's own cgroups: its whole tree, whatever it does to its session or environment.
-    cg = jail.create(EXEC_PIDS_MAX, mark)
-    try:
-        proc, waiter = spawn(argv, env, cwd, req.get("user"), subprocess.DEVNULL if stdin_data is None else subprocess.PIPE,
-                             subprocess.PIPE, subprocess.PIPE, cg=cg)
-        pid = proc.pid
-    except FileNotFoundError as e:
-        if cg:
-            jail.release(cg, mark)
-        if cwd is not None and e.filename == cwd:
-            return _spawn_failure(126, "rollbox: no such working directory: %s\n" % cwd, start)
-        return _spawn_failure(127, "rollbox: command not found: %s\n" % argv[0], start)
-    except OSError as e:
-        if cg:
-            jail.release(cg, mark)
-        return _spawn_failure(126, "rollbox: cannot run %r: %s\n" % (argv[0], e), start)
-    except BaseException:
-        if cg:
-            jail.release(cg, mark)
-        raise
-    out_r = proc.stdout.fileno()
-    err_r = proc.stderr.fileno()
-
-    if stdin_data is not None:
-        # Written by a thread so a child that never reads cannot block us; closed after.
-        def feed():
-            try:
-                proc.stdin.write(stdin_data)
-            except OSError:
-                pass
-            finally:
-                try:
-                    proc.stdin.close()
-                except OSError:
-                    pass
-
-        _pool.submit(feed)
-
-    bufs = {out_r: bytearray(), err_r: bytearray()}
-    totals = {out_r: 0, err_r: 0}
-    open_fds = [out_r, err_r]
-    timed_out = False
-    tree = 0
-    exited_at = None
-    grown = 0  # the most tasks seen behind the pipes after the main process exited
-    deadline = start + timeout if timeout else None
-
-    def take(fd):
-        """Reads one chunk: counts it, keeps what fits under the cap; False at EOF."""
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return False
-        totals[fd] += len(chunk)
-        room = cap - len(bufs[fd])
-        if room > 0:
-            bufs[fd] += chunk[:room]
-        return True
-
-    while open_fds:
-        now = time.monotonic()
-        if waiter[0].is_set() and exited_at is None:
-            exited_at = now
-        # After the main process exits, background children may hold the pipes: stop soon,
-        # unless what holds them keeps growing or is bomb-sized: a fork bomb whose shell
-        # exited (`:(){ :|:& };:`), this exec's work, ended by its timeout (ops.rs).
-        if exited_at is not None and now - exited_at > 0.05:
-            n = jail.task_count(cg) if cg else 0
-            if deadline is not None and (n > max(grown, 4) or n * 2 >= EXEC_PIDS_MAX):
-                grown = max(grown, n)
-                exited_at = now
-            else:
-                break
-        if deadline is not None and now >= deadline and (not waiter[0].is_set() or grown):
-            timed_out = True
-            tree = kill_tree(pid, mark)
-            break
-        wait = 0.05
-        if deadline is not None:
-            wait = max(0.0, min(wait, deadline - now))
-        ready, _, _ = select.select(open_fds, [], [], wait)
-        for fd in ready:
-            if not take(fd):
-                open_fds.remove(fd)
-    if timed_out:
-        # Drain what is buffered, then make sure no process of this exec is left.
-        kill_tree(pid, mark)
-    waiter[0].wait(timeout=5 if timed_out else None)
-    status = waiter[1]
-    for fd in (out_r, err_r):
-        try:
-            while select.select([fd], [], [], 0)[0] and take(fd):
-                pass
-        except OSError:
-            pass
-    proc.stdout.close()
-    proc.stderr.close()
-    # Tell Popen the status is known so its own cleanup never waits on a pid we reaped.
-    proc.returncode = exit_code_of(status) if status is not None else -9
-    oom_killed = bool(cg) and jail.was_oom_killed(cg) and not timed_out
-    # A bomb churns (failed forks exit, retries fork again): the most tasks the watcher saw
-    # says more than the count at the kill.
-    pids_limited = timed_out and (tree >= PIDS_REPORT_AT or (bool(cg) and jail.peak(cg) * 4 >= EXEC_PIDS_MAX * 3))
-    if cg:
-        jail.release(cg, mark)
-    return {
-        "exit_code": None if timed_out or status is None else exit_code_of(status),
-        "signal": os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None,
-        "stdout": base64.b64encode(bytes(bufs[out_r])).decode(),
-        "stderr": base64.b64encode(bytes(bufs[err_r])).decode(),
-        "stdout_bytes": totals[out_r],
-        "stderr_bytes": totals[err_r],
-        "truncated": totals[out_r] > cap or totals[err_r] > cap,
-        "timed_out": timed_out,
-        # A fork bomb: the exec's tree had (nearly) every process the sandbox may have.
-        "pids_limited": pids_limited,
-        # The memory watcher (jail.watch) SIGKILLed this exec's tree: exit 137, as Linux's OOM killer.
-        "oom_killed": oom_killed,
-        "duration_s": time.monotonic() - start,
-    }
-
-
-def _spawn_failure(code, message, start):
-    return {
-        "exit_code": code, "signal": None, "stdout": "",
-        "stderr": base64.b64encode(message.encode()).decode(),
-        "stdout_bytes": 0, "stderr_bytes": len(message), "truncated": False,
-        "timed_out": False, "duration_s": time.monotonic() - start,
-    }
-
-
-def op_write_file(req):
-    path = req["path"]
-    if req.get("upload") is not None:
-        return _write_part(req)
-    if path.endswith("/"):
-        raise IsADirectoryError(21, "Is a directory", path)
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    data = base64.b64decode(req["data"])
-    # A fresh name, created exclusively (a planted FIFO or symlink cannot stand in for it),
-    # and gone again whatever fails.
-    tmp = "%s.rollbox-tmp-%s" % (path, os.urandom(8).hex())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, int(req.get("mode") or 0o644))
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return {"size": len(data)}
-
-
-def _write_part(req):
-    """One part of a streamed upload (the daemon's PUT .../files/content): part 0 creates the
-    hidden temporary file, later parts append, the last one sets the mode and renames it over
-    `path` (the file appears whole or not at all); `abort` removes it."""
-    path = req["path"]
-    tmp = "%s.rollbox-upload-%s" % (path, req["upload"])
-    if req.get("abort"):
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        return {"size": 0}
-    data = base64.b64decode(req.get("data") or "")
-    part = int(req.get("part") or 0)
-    try:
-        if part == 0:
-            parent = os.path.dirname(path)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
-        with open(tmp, "wb" if part == 0 else "ab") as f:
-            f.write(data)
-        if req.get("last"):
-            os.chmod(tmp, int(req.get("mode") or 0o644))
-            os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return {"size": len(data)}
-
-
-def _abs(path):
-    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
-        raise ValueError("path %r must be absolute, e.g. /work/a.py" % (path,))
-    return path
-
-
-def op_read_file(req):
-    path = _abs(req["path"])
-    limit = int(req.get("max_bytes") or (64 * 1024 * 1024))
-    ranged = req.get("offset") is not None  # a streamed download: one range, no size limit
-    # Regular files only: reading a FIFO, a device or /proc/self/fd/0 (our own channel!)
-    # could block forever or never end.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError("%s is a directory" % path)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError("%s is not a regular file" % path)
-        if ranged:
-            os.set_blocking(fd, True)
-            data = os.pread(fd, int(req.get("length") or (4 << 20)), int(req["offset"]))
-            return {"data": base64.b64encode(data).decode(), "size": st.st_size}
-        if st.st_size > limit:
-            raise ValueError("file %s is %d bytes, over the %d-byte read limit" % (path, st.st_size, limit))
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(limit + 1)
-    finally:
-        os.close(fd)
-    return {"data": base64.b64encode(data).decode()}
-
-
-def op_list_files(req):
-    path = _abs(req["path"])
-    out = []
-    with os.scandir(path) as it:
-        for e in it:
-            st = e.stat(follow_symlinks=False)
-            out.append({
-                "name": e.name,
-                "path": os.path.join(path, e.name),
-                "is_dir": e.is_dir(follow_symlinks=False),
-                "size": st.st_size,
-                "mode": st.st_mode,
-                "mtime": st.st_mtime,
-            })
-    out.sort(key=lambda x: x["name"])
-    return {"entries": out}
-
-
-def op_remove(req):
-    path = _abs(req["path"])
-    # normpath keeps a leading "//" (POSIX allows it to differ from "/"): strip it first.
-    if os.path.normpath("/" + path.lstrip("/")) == "/":
-        raise ValueError("refusing to remove /")
-    if os.path.isdir(path) and not os.path.islink(path):
-        import shutil
-        shutil.rmtree(path)
-    else:
-        os.remove(path)
-    return {}
+    """The exec request (execop.py), its stdin fed by a worker of this agent's pool."""
+    return execop.op_exec(req, _pool.submit)
 
 
 def op_identity(req):
@@ -816,7 +352,7 @@ def main():
         pass
     # Before CAP_SYS_ADMIN leaves the bounding set: the launcher of the episode-container
     # zygote keeps it (containers need mount and clone namespaces); no command ever has it.
-    zygote = ZygoteLink()
+    zygote = zygotelink.ZygoteLink(_key, send)
     # Per-exec cgroups (jail.py) need CAP_SYS_ADMIN to mount, and no command may run yet.
     # Only as a sandbox's PID 1: on a host (the unit tests) they would be the host's own.
     if os.getpid() == 1:
@@ -838,94 +374,6 @@ def main():
     start_workers()
     send({"id": 0, "ok": True, "event": "ready", "pid": os.getpid(), "protocol": PROTOCOL})
     serve(0, relay=zygote.relay)
-
-
-class ZygoteLink:
-    """The sandbox init's end of the episode-container zygote (zygote.py).
-
-    At start (still holding CAP_SYS_ADMIN) the init forks a launcher that waits on a pipe;
-    the first `container_*` request makes it exec `python3 zygote.py` with the sandbox key on
-    fd 3. Requests are relayed as their raw signed frames; the zygote's frames are copied to
-    the daemon by a thread. A launcher in a snapshot is restored with it, so every copy of a
-    snapshot can start its own zygote."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.started = False
-        self.dead = None
-        to_r, self.to_w = os.pipe()
-        self.from_r, from_w = os.pipe()
-        key_r, key_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(self.to_w)
-                os.close(self.from_r)
-                os.close(key_r)
-                go = os.read(to_r, 1)
-                if go != b"S":
-                    os._exit(0)
-                kr, kw = os.pipe()
-                os.write(kw, _key["key"])
-                os.close(kw)
-                for src, dst in ((to_r, 0), (from_w, 1), (kr, 3)):
-                    os.dup2(src, dst)
-                os.closerange(4, 65536)
-                here = os.path.dirname(os.path.abspath(__file__))
-                py = sys.executable or "/usr/bin/python3"
-                os.environ.pop("ROLLBOX_MEMORY_MIB", None)  # the OOM watcher's, not a command's
-                os.execv(py, [py, "-u", os.path.join(here, "zygote.py")])
-            finally:
-                os._exit(127)
-        os.close(to_r)
-        os.close(from_w)
-        os.close(key_r)
-        os.close(key_w)
-        for fd in (self.to_w, self.from_r):
-            os.set_inheritable(fd, False)
-
-    def relay(self, frame, req):
-        with self.lock:
-            if self.dead is None and not self.started:
-                self.started = True
-                try:
-                    os.write(self.to_w, b"S")
-                except OSError as e:
-                    self.dead = ("container_unavailable", "the zygote launcher is gone: %s" % e)
-                else:
-                    threading.Thread(target=self._copy_back, daemon=True).start()
-            if self.dead is None:
-                try:
-                    view = memoryview(frame)
-                    while view:
-                        view = view[os.write(self.to_w, view):]
-                    return
-                except OSError as e:
-                    self.dead = ("container_error", "the zygote is gone: %s" % e)
-        send({"id": req.get("id"), "ok": False, "error": self.dead[0], "message": self.dead[1]})
-
-    def _copy_back(self):
-        served = False
-        while True:
-            hdr = read_exact(self.from_r, 4)
-            frame = read_exact(self.from_r, _HDR.unpack(hdr)[0]) if hdr else None
-            if frame is None:
-                with self.lock:
-                    # Never answered: it could not start (no python3 >= 3.9); else it died.
-                    self.dead = ("container_error", "the episode-container zygote ended") if served else (
-                        "container_unavailable", "the episode-container zygote could not start (container "
-                        "isolation needs python3 >= 3.9 in the image)")
-                return
-            served = True
-            with _out_lock:
-                view = memoryview(hdr + frame)
-                while view:
-                    try:
-                        view = view[os.write(1, view):]
-                    except BlockingIOError:
-                        select.select([], [1], [], 1.0)
-                    except BrokenPipeError:
-                        break
 
 
 if __name__ == "__main__":
