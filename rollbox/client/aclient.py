@@ -236,9 +236,10 @@ class AsyncClient:
         try:
             try:
                 resp = await self._http.request(method, path, content=content, headers=headers, params=params)
-            except httpx.ConnectError:
-                # The request never reached a daemon (it crashed or restarted): start or find
-                # the new one and send it again; nothing was done twice.
+            except (httpx.ConnectError, httpx.ConnectTimeout):
+                # The request never reached a daemon (it crashed or restarted, or a saturated
+                # host did not accept the connection in time): start or find the daemon and
+                # send it again; nothing was done twice.
                 self._checked = False
                 await self.ensure_daemon()
                 resp = await self._http.request(method, path, content=content, headers=headers, params=params)

@@ -14,6 +14,7 @@ there (`os.register_at_fork`), and clients open new connections (`generation`).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures as cf
 import os
 import threading
@@ -105,6 +106,33 @@ class Portal:
             task.add_done_callback(self._done)
         self.loop().call_soon_threadsafe(start)
 
+    def drain(self, timeout_s: float = 30.0) -> None:
+        """Waits up to `timeout_s` seconds for the background tasks (`spawn`): the releases of
+        cancelled calls. Run at interpreter exit and by `SandboxPool.close`, so an interrupted
+        create, restore or fork still ends what it made before the process goes."""
+        loop = self._loop
+        if loop is None or self.in_loop() or not loop.is_running():
+            return
+
+        async def settle() -> None:
+            while True:
+                # Let cancellations already requested (by threads, or by other loops through
+                # wrap_future) run their except clauses, which spawn the releases.
+                for _ in range(5):
+                    await asyncio.sleep(0)
+                if not self._tasks:
+                    return
+                await asyncio.wait(set(self._tasks))
+        try:
+            asyncio.run_coroutine_threadsafe(settle(), loop).result(timeout_s)
+        except (cf.TimeoutError, RuntimeError):
+            pass  # keep_warm_seconds stays the backstop
+
+    def track(self, task: "asyncio.Future[Any]") -> None:
+        """Counts a task of the loop among those `drain` waits for (a create under way)."""
+        self._tasks.add(task)  # type: ignore[arg-type]
+        task.add_done_callback(self._done)  # type: ignore[arg-type]
+
     def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled():
@@ -166,5 +194,6 @@ async def _aclose(agen: AsyncIterator[Any]) -> None:
 
 PORTAL = Portal()
 os.register_at_fork(after_in_child=PORTAL._forget)
+atexit.register(PORTAL.drain)
 
 __all__ = ["PORTAL", "Portal"]

@@ -42,16 +42,24 @@ Release = Callable[[Any], Awaitable[object]]
 
 
 async def _guarded(coro: Coroutine[Any, Any, T], release: Release) -> T:
-    """Runs `coro` to its end even when the caller is cancelled; then `release(result)`."""
+    """Runs `coro` to its end even when the caller is cancelled; then `release(result)`. The
+    rest runs as a background task of the portal, which the process waits for at exit
+    (`Portal.drain`), so an interrupted script still ends what it made."""
     task = asyncio.ensure_future(coro)
+    PORTAL.track(task)  # an exit while it runs waits for it (and its release)
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
-        def done(t: "asyncio.Task[T]") -> None:
-            if not t.cancelled() and t.exception() is None:
-                PORTAL.spawn(_ignore(release(t.result())))
-        task.add_done_callback(done)
+        PORTAL.spawn(_release_when_done(task, release))
         raise
+
+
+async def _release_when_done(task: "asyncio.Future[Any]", release: Release) -> None:
+    try:
+        result = await task
+    except BaseException:  # noqa: BLE001 - it made nothing
+        return
+    await _ignore(release(result))
 
 
 async def _ignore(aw: Awaitable[object]) -> None:

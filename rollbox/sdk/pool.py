@@ -215,6 +215,7 @@ class SandboxPool:
             self._stream = None
         self._closed = True
         PORTAL.run(self._drain_teardowns())
+        PORTAL.drain()  # restores cancelled midway (an interrupted map) end when they land
         if self._remote is not None:
             self._remote.close()
             return
@@ -429,14 +430,13 @@ class SandboxPool:
                     yield pending.pop(next_i)
                     next_i += 1
         except BaseException:
-            # Stopped early (the caller broke out or raised): cancel what has not started and
-            # end the sandboxes of episodes in flight, so their calls fail at once instead of
-            # running to their timeout.
-            self._aborted = True
+            # Stopped early (the caller broke out or raised): cancel this map's episodes. A
+            # cancelled episode ends its own sandbox (its attempt's teardown; a restore still
+            # under way is ended when it lands, see _aio.cleaning), so their calls fail at once
+            # instead of running to their timeout; other maps of the pool are not touched.
             for f in running:
                 f.cancel()
             await asyncio.gather(*running, return_exceptions=True)
-            await self._aterminate_live()
             raise
         finally:
             if bar is not None:
@@ -544,7 +544,14 @@ async def _run_episode(fn: EpisodeFn, sb: SandboxInstance, task: Any, timeout: f
             else:
                 loop.call_soon_threadsafe(settle, value, None)
         threading.Thread(target=run, daemon=True, name=f"episode-{sb.sandbox_id}").start()
-    done, _ = await asyncio.wait({fut}, timeout=timeout)
+    # A plain function's late exception, after its episode was given up, is not an error
+    # anyone waits for: mark it retrieved.
+    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+    try:
+        done, _ = await asyncio.wait({fut}, timeout=timeout)
+    except asyncio.CancelledError:
+        fut.cancel()  # the map was left: a coroutine episode is cancelled on its own loop
+        raise
     if not done:
         fut.cancel()
         return box, False

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from .. import errors
 from ..types import ExecResult
 from ..client.portal import PORTAL
-from ._aio import streaming, synchronized
+from ._aio import cleaning, streaming, synchronized
 
 if TYPE_CHECKING:
     from .sandbox import SandboxInstance
@@ -338,7 +338,7 @@ class SandboxProcesses:
 
     _sb: "SandboxInstance" = field(repr=False)
 
-    @synchronized
+    @cleaning(lambda p: p.kill.aio())  # a cancelled exec.aio leaves no process running
     async def exec(self, *args: str, cwd: str | None = None, env: dict[str, str] | None = None,
              user: str | int | None = None, timeout: float | None = None, pty: bool = False,
              cols: int = 80, rows: int = 24, max_retained: int | None = None) -> SandboxProcess:

@@ -115,10 +115,7 @@ def test_a_cancelled_call_that_owns_its_result_finishes_and_releases_it() -> Non
             await task
 
     asyncio.run(main())
-    for _ in range(200):
-        if _OWNER.released:
-            break
-        threading.Event().wait(0.01)
+    PORTAL.drain(10)  # what the process does at exit
     assert _OWNER.released == ["made-1"]
 
 
@@ -162,3 +159,44 @@ def test_a_forked_child_runs_the_sdk_on_a_loop_of_its_own(tmp_path: Path) -> Non
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_cancelled_background_start_kills_the_process_it_started_gh18(tmp_path: Path) -> None:
+    seen: list[str] = []
+    started = threading.Event()
+
+    async def handler(req: httpx.Request) -> httpx.Response:
+        seen.append(f"{req.method} {req.url.path}")
+        if req.url.path.endswith("/processes"):
+            started.set()
+            await asyncio.sleep(0.3)  # the agent is starting it
+            return httpx.Response(200, json={"pid": 42})
+        return httpx.Response(200, json={"killed": 1})
+
+    sb = SandboxInstance(SB, _client(tmp_path, handler))
+
+    async def main() -> None:
+        task = asyncio.ensure_future(sb.process.exec.aio("sleep", "300"))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    PORTAL.drain(10)
+    assert seen == [f"POST /sandboxes/{SB}/processes", f"POST /sandboxes/{SB}/processes/42/kill"]
+
+
+def test_a_connect_timeout_is_retried_like_a_refused_connection(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    async def handler(req: httpx.Request) -> httpx.Response:
+        calls.append(req.url.path)
+        if len(calls) == 1:
+            raise httpx.ConnectTimeout("the host did not accept the connection in time", request=req)
+        return httpx.Response(200, json=_exec_answer("b2s="))
+
+    sb = SandboxInstance(SB, _client(tmp_path, handler))
+    assert sb.exec("true").stdout == b"ok"
+    assert calls == [f"/sandboxes/{SB}/exec", "/health", f"/sandboxes/{SB}/exec"]  # refused, probe, sent

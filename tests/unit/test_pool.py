@@ -512,3 +512,29 @@ def test_blocking_map_runs_a_coroutine_episode_too(backend, client):
         return t % 2 == 0
 
     assert [r.reward for r in run(client, episode, range(4), ordered=True)] == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_leaving_map_aio_early_cancels_its_coroutine_episodes_only_gh18(backend, client):
+    """Breaking out of one map cancels that map's coroutine episodes (their sandboxes end);
+    another map on the same pool runs on untouched."""
+    finished: list[str] = []
+
+    async def slow(sb: Any, t: str) -> str:
+        await asyncio.sleep(0.05 if t == "b0" else 1.0)
+        finished.append(t)
+        return t
+
+    async def main() -> list[Any]:
+        with SandboxPool("sn-test", max_concurrency=8, client=client) as pool:
+            async def map_a() -> list[Any]:
+                return [r async for r in pool.map.aio(slow, ["a1", "a2"], progress=False, ordered=True)]
+
+            a = asyncio.ensure_future(map_a())
+            await asyncio.sleep(0.2)
+            async for _r in pool.map.aio(slow, ["b0", "b1", "b2"], progress=False):
+                break
+            return await a
+
+    results = asyncio.run(main())
+    assert [(r.status, r.value) for r in results] == [("ok", "a1"), ("ok", "a2")]
+    assert sorted(finished) == ["a1", "a2", "b0"]  # b1 and b2 were cancelled, never finished
