@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Optional
@@ -246,7 +247,16 @@ def daemon_restart(platform: str = typer.Option("", help="gVisor platform of the
 def image_build_base() -> None:
     """Build (once) the default Debian base image (the daemon builds it; this waits)."""
     t = time.monotonic()
-    image_id = _client().request("POST", "/images/debian")["image_id"]
+    # A first build runs debootstrap (45 s on a quiet host, minutes on a busy one); an existing
+    # image answers at once. Say so when it takes a while, instead of a silent wait.
+    notice = threading.Timer(3.0, lambda: print("building the Debian base image (debootstrap, once; "
+                                                "~1-5 min)...", flush=True))
+    notice.daemon = True
+    notice.start()
+    try:
+        image_id = _client().request("POST", "/images/debian")["image_id"]
+    finally:
+        notice.cancel()
     print(f"{image_id} ready ({time.monotonic() - t:.1f} s)")
 
 
