@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -32,6 +33,18 @@ MAX_IDLE = 256
 # Seconds an idle connection is reused; the daemon closes idle ones after 300 s (uvicorn's
 # timeout_keep_alive), so the client never sends on a connection the daemon is dropping.
 KEEPALIVE_EXPIRY_S = 60.0
+# httpx's Timeout(None, connect=10.0), as httpcore's request extension.
+_EXTENSIONS = {"timeout": {"connect": 10.0, "read": None, "write": None, "pool": None}}
+_PATH_SAFE = "/:@!$&'()*+,;=-._~%"  # what a URL path keeps unescaped (RFC 3986 pchar), as httpx
+
+
+def _param(value: Any) -> str:
+    """A query value as httpx writes it (httpx._utils.primitive_value_to_str)."""
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    return "" if value is None else str(value)
 
 
 def validation_message(body: Any) -> str:
@@ -98,12 +111,17 @@ class AsyncClient:
         default._pool = httpcore.AsyncConnectionPool(
             max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_IDLE,
             keepalive_expiry=KEEPALIVE_EXPIRY_S, uds=self.socket_path, network_backend=AsyncioBackend())
+        # JSON requests to the local socket go to that pool directly (`_send_json`): httpx's
+        # request and response models cost about as much client CPU as the request itself.
+        self._pool: httpcore.AsyncConnectionPool | None = default._pool if custom is None and self.socket_path \
+            else None
         self.base_url = url or f"unix://{self.paths.socket}"
         headers = {"user-agent": "rollbox-sdk"}
         token = token if token is not None else os.environ.get("ROLLBOX_TOKEN")
         if token:
             headers["authorization"] = f"Bearer {token.strip()}"
         self._headers = headers
+        self._raw_headers = [(k.encode(), v.encode()) for k, v in headers.items()]
         self._http = httpx.AsyncClient(transport=default if custom is None else custom, base_url=base,
                                        timeout=httpx.Timeout(None, connect=10.0), headers=headers)
         self._checked = False
@@ -233,6 +251,8 @@ class AsyncClient:
                 raise errors.InvalidArgument(f"invalid argument for {path}: {e} (numbers must be finite; "
                                              "values must be JSON-serialisable)") from None
             headers["content-type"] = "application/json"
+        if self._pool is not None:
+            return await self._send_json(method, path, content, params)
         try:
             try:
                 resp = await self._http.request(method, path, content=content, headers=headers, params=params)
@@ -244,16 +264,59 @@ class AsyncClient:
                 await self.ensure_daemon()
                 resp = await self._http.request(method, path, content=content, headers=headers, params=params)
         except UnicodeEncodeError:
-            raise errors.InvalidArgument(f"{path!r} is not valid UTF-8: names and ids in a request path must be "
-                                         "text (file paths go in the body)") from None
+            raise self._not_text(path) from None
         except httpx.TransportError as e:
             raise self._lost(f"{method} {path}", e) from e
         await self._raise_for(resp, f"{method} {path}")
+        return self._decode(method, path, resp.status_code, resp.content)
+
+    @staticmethod
+    def _not_text(path: str) -> errors.InvalidArgument:
+        return errors.InvalidArgument(f"{path!r} is not valid UTF-8: names and ids in a request path must be "
+                                      "text (file paths go in the body)")
+
+    @staticmethod
+    def _decode(method: str, path: str, status: int, body: bytes) -> Any:
         try:
-            return resp.json()
+            return _json.loads(body)
         except ValueError:
-            raise errors.ApiError(f"{method} {path}: the daemon answered HTTP {resp.status_code} with a body that "
+            raise errors.ApiError(f"{method} {path}: the daemon answered HTTP {status} with a body that "
                                   "is not JSON (a wrong path?)") from None
+
+    async def _send_json(self, method: str, path: str, content: bytes | None, params: dict[str, Any] | None) -> Any:
+        """`request` on the unix socket's httpcore pool, without httpx's models. The same
+        retry and error rules as the httpx path (a connect failure is resent once the daemon
+        answers again; any other transport failure is DaemonUnavailable)."""
+        assert self._pool is not None
+        try:
+            target = urllib.parse.quote(path, safe=_PATH_SAFE).encode("ascii")
+        except UnicodeEncodeError:
+            raise self._not_text(path) from None
+        if params:
+            pairs = [(k, _param(x)) for k, v in params.items() for x in (v if isinstance(v, (list, tuple)) else [v])]
+            target += b"?" + urllib.parse.urlencode(pairs).encode("ascii")
+        url = httpcore.URL(scheme=b"http", host=b"rollbox", port=None, target=target)
+        headers = list(self._raw_headers)
+        if content is not None:
+            headers.append((b"content-type", b"application/json"))
+        try:
+            try:
+                resp = await self._pool.request(method.encode(), url, headers=headers, content=content,
+                                                extensions=_EXTENSIONS)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout):
+                self._checked = False  # as in `request`: nothing reached a daemon
+                await self.ensure_daemon()
+                resp = await self._pool.request(method.encode(), url, headers=headers, content=content,
+                                                extensions=_EXTENSIONS)
+        except (httpcore.NetworkError, httpcore.TimeoutException, httpcore.ProtocolError) as e:
+            raise self._lost(f"{method} {path}", e) from e
+        if resp.status >= 400:
+            try:
+                body = _json.loads(resp.content)
+            except ValueError:
+                body = {"message": resp.content[:500].decode(errors="replace")}
+            raise self._error(resp.status, body, f"{method} {path}")
+        return self._decode(method, path, resp.status, resp.content)
 
     async def get_text(self, path: str) -> str:
         """GET a plain-text resource (e.g. /metrics); raises the daemon's typed error."""

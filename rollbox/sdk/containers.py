@@ -8,6 +8,7 @@ same pooled sandbox is gVisor's kernel (never the host's): the README's threat m
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -20,6 +21,9 @@ from .sandbox import SandboxInstance
 # The sandbox API calls a container serves (the rest, e.g. snapshots or ports, are the pooled
 # sandbox's and refused with UnsupportedOperation).
 CONTAINER_CALLS = frozenset({"exec", "files/write", "files/read", "files/list", "files/remove"})
+# Seconds an episode's end waits to ride on the next begin's request (one request fewer per
+# episode when episodes follow each other) before it is sent on its own.
+END_FLUSH_S = 0.05
 
 
 class ContainerInstance(SandboxInstance):
@@ -73,6 +77,9 @@ class EpisodePoolClient:
         if episodes_per_sandbox is not None:
             body["episodes_per_sandbox"] = episodes_per_sandbox
         self.pool_id = str(client.request("POST", "/episode-pools", json=body)["pool_id"])
+        # Ends not yet sent, with the futures their `aend` callers wait on (SDK loop only).
+        self._ends: list[tuple[dict[str, str], asyncio.Future[None]]] = []
+        self._flush_task: asyncio.Task[None] | None = None
         self._closed = threading.Event()
         threading.Thread(target=self._heartbeat, args=(lease_s / 3,), daemon=True,
                          name=f"rollbox-lease-{self.pool_id}").start()
@@ -92,8 +99,19 @@ class EpisodePoolClient:
         return PORTAL.run(self.abegin())
 
     async def abegin(self) -> ContainerInstance:
-        """`begin`, awaitable (on the SDK's event loop)."""
-        r = await self.client.aio.request("POST", f"/episode-pools/{self.pool_id}/containers", json={})
+        """`begin`, awaitable (on the SDK's event loop). Carries the ends queued by `aend`."""
+        ends, self._ends = self._ends, []
+        body: dict[str, Any] = {"end": [e for e, _f in ends]} if ends else {}
+        try:
+            r = await self.client.aio.request("POST", f"/episode-pools/{self.pool_id}/containers", json=body)
+        except BaseException:
+            # The ends may not have reached the daemon: they go again (ending twice is harmless).
+            self._ends[:0] = ends
+            self._schedule_flush()
+            raise
+        for _e, fut in ends:
+            if not fut.done():
+                fut.set_result(None)
         return ContainerInstance(str(r["sandbox_id"]), str(r["container_id"]), self)
 
     def end(self, container_id: str, status: str) -> None:
@@ -102,18 +120,46 @@ class EpisodePoolClient:
         PORTAL.run(self.aend(container_id, status))
 
     async def aend(self, container_id: str, status: str) -> None:
-        """`end`, awaitable (on the SDK's event loop)."""
-        try:
-            await self.client.aio.request("DELETE", f"/episode-pools/{self.pool_id}/containers/{container_id}",
-                                          params={"status": status})
-        except (errors.ContainerNotFound, errors.EpisodePoolNotFound):
-            pass
+        """`end`, awaitable (on the SDK's event loop): the end rides on the next `abegin`'s
+        request, or goes on its own after END_FLUSH_S; returns once it was sent."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ends.append(({"container_id": container_id, "status": status}, fut))
+        self._schedule_flush()
+        await asyncio.shield(fut)
+
+    def _schedule_flush(self) -> None:
+        if self._ends and (self._flush_task is None or self._flush_task.done()):
+            self._flush_task = asyncio.ensure_future(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(END_FLUSH_S)
+        await self.aflush()
+
+    async def aflush(self) -> None:
+        """Sends the queued ends now (each its own DELETE)."""
+        ends, self._ends = self._ends, []
+
+        async def one(end: dict[str, str], fut: asyncio.Future[None]) -> None:
+            try:
+                await self.client.aio.request(
+                    "DELETE", f"/episode-pools/{self.pool_id}/containers/{end['container_id']}",
+                    params={"status": end["status"]})
+            except errors.RollboxError:
+                pass  # ended already, the pool closed, or the daemon is gone (its sandboxes with it)
+            finally:
+                if not fut.done():
+                    fut.set_result(None)
+        await asyncio.gather(*(one(e, f) for e, f in ends))
 
     def describe(self) -> dict[str, Any]:
         return dict(self.client.request("GET", f"/episode-pools/{self.pool_id}"))
 
     def close(self) -> None:
         self._closed.set()
+        try:
+            PORTAL.run(self.aflush())
+        except errors.RollboxError:
+            pass
         try:
             self.client.request("DELETE", f"/episode-pools/{self.pool_id}")
         except errors.RollboxError:

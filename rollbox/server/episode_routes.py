@@ -4,7 +4,8 @@
     GET    /episode-pools/{pool_id}                    its pooled sandboxes and counters
     PUT    /episode-pools/{pool_id}/heartbeat          renew its lease
     DELETE /episode-pools/{pool_id}                    close it (terminates its sandboxes)
-    POST   /episode-pools/{pool_id}/containers         a fresh container for one episode
+    POST   /episode-pools/{pool_id}/containers         a fresh container for one episode (ending
+                                                       the earlier ones listed in `end` first)
     DELETE /episode-pools/{pool_id}/containers/{cid}   end the episode (?status=ok|timeout|...)
     POST   /sandboxes/{sid}/containers/{cid}/exec      run a command in the container
     POST   /sandboxes/{sid}/containers/{cid}/files/{write,read,list,remove}
@@ -35,8 +36,15 @@ class OpenEpisodePool(BaseModel):
                            description="seconds without a call or heartbeat before the daemon closes the pool")
 
 
+class EndEpisode(BaseModel):
+    container_id: str
+    status: str = "ok"
+
+
 class BeginEpisode(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
+    end: list[EndEpisode] = Field(default_factory=list, max_length=4096,
+                                  description="earlier episodes' containers to end first (one request fewer each)")
 
 
 def add_episode_routes(app: FastAPI, service: "SandboxService", exec_model: type[BaseModel],
@@ -66,6 +74,8 @@ def add_episode_routes(app: FastAPI, service: "SandboxService", exec_model: type
 
     @app.post("/episode-pools/{pool_id}/containers")
     async def begin(pool_id: str, body: BeginEpisode) -> dict[str, Any]:
+        if body.end:
+            await pools.end_many(pool_id, [(e.container_id, e.status) for e in body.end])
         return await pools.begin(pool_id, env=body.env)
 
     @app.delete("/episode-pools/{pool_id}/containers/{container_id}")

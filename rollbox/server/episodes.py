@@ -303,6 +303,16 @@ class EpisodePools:
         await self._release(pool, slot, container_id, retire=retire or not destroyed)
         return {"container_id": container_id, "destroyed": destroyed, "retired": slot.retired}
 
+    async def end_many(self, pool_id: str, ends: list[tuple[str, str]]) -> None:
+        """Ends several containers at once ((container_id, status) pairs); unknown or already
+        ended ones are skipped, as a client resending an end after a lost answer expects."""
+        async def one(cid: str, status: str) -> None:
+            try:
+                await self.end(pool_id, cid, status=status)
+            except errors.ContainerNotFound:
+                pass
+        await asyncio.gather(*(one(cid, status) for cid, status in ends))
+
     async def _release(self, pool: EpisodePool, slot: PooledSandbox, cid: str, *, retire: bool) -> None:
         async with pool.changed:
             slot.running.discard(cid)

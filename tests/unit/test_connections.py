@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from rollbox.client.transport import Client
 from rollbox.config import Paths
@@ -131,3 +132,77 @@ def test_a_daemon_gone_or_dropping_the_connection_is_daemon_unavailable(tmp_path
         t.join(10)
         srv.close()
         c.close()
+
+
+def _answers_stub(sock: str) -> _Stub:
+    """A stub whose routes answer what the client must decode: echoes, typed errors, non-JSON."""
+    stub = _Stub.__new__(_Stub)
+    app = FastAPI()
+
+    @app.api_route("/echo/{name}", methods=["GET", "POST", "DELETE", "PUT"])
+    async def echo(name: str, request: Request) -> dict[str, Any]:
+        return {"name": name, "method": request.method, "query": str(request.url.query),
+                "body": (await request.body()).decode(), "ctype": request.headers.get("content-type"),
+                "auth": request.headers.get("authorization")}
+
+    @app.get("/typed")
+    async def typed() -> JSONResponse:
+        return JSONResponse({"code": "sandbox_not_found", "message": "no sandbox sb-x", "sandbox_id": "sb-x"}, 404)
+
+    @app.get("/bare500")
+    async def bare500() -> PlainTextResponse:
+        return PlainTextResponse("Internal Server Error", 500)
+
+    @app.get("/text")
+    async def text() -> PlainTextResponse:
+        return PlainTextResponse("not json")
+
+    @app.post("/strict")
+    async def strict(n: int) -> dict[str, int]:
+        return {"n": n}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"ok": True}
+
+    stub.server = uvicorn.Server(uvicorn.Config(app, uds=sock, log_level="warning"))
+    stub.thread = threading.Thread(target=stub.server.run, daemon=True)
+    stub.thread.start()
+    deadline = time.monotonic() + 20
+    while not stub.server.started:
+        assert time.monotonic() < deadline, "the stub daemon did not start"
+        time.sleep(0.02)
+    return stub
+
+
+@pytest.mark.parametrize("path_kind", ["httpcore", "httpx"])
+def test_json_requests_decode_the_same_on_the_direct_and_the_httpx_path(tmp_path: Path, path_kind: str) -> None:
+    """JSON requests to the local socket skip httpx's models (`AsyncClient._send_json`); both
+    paths must send the same request and raise the same typed errors."""
+    from rollbox import errors
+
+    sock = str(tmp_path / "d.sock")
+    stub = _answers_stub(sock)
+    c = Client(f"unix://{sock}", paths=Paths(tmp_path), autostart=False, token="tok")
+    if path_kind == "httpx":
+        c.aio._pool = None
+    try:
+        r = c.request("POST", "/echo/a b", json={"x": "é"}, params={"status": "ok", "all": True, "n": None,
+                                                                      "ids": ["1", "2"]})
+        assert r == {"name": "a b", "method": "POST", "query": "status=ok&all=true&n=&ids=1&ids=2",
+                     "body": '{"x": "\\u00e9"}', "ctype": "application/json", "auth": "Bearer tok"}
+        assert c.request("DELETE", "/echo/z")["body"] == ""
+        with pytest.raises(errors.SandboxNotFound, match="no sandbox sb-x") as e:
+            c.request("GET", "/typed")
+        assert e.value.sandbox_id == "sb-x"
+        with pytest.raises(errors.DaemonUnavailable, match="failed GET /bare500 without an answer"):
+            c.request("GET", "/bare500")
+        with pytest.raises(errors.ApiError, match="not JSON"):
+            c.request("GET", "/text")
+        with pytest.raises(errors.InvalidArgument, match="invalid request to /strict: n: "):
+            c.request("POST", "/strict", params={"n": "x"})
+        with pytest.raises(errors.InvalidArgument, match="not valid UTF-8"):
+            c.request("GET", "/echo/\udcff")
+    finally:
+        c.close()
+        stub.stop()

@@ -161,3 +161,78 @@ def test_bad_arguments_are_typed_gh15() -> None:
         pools.open("sn-ok", max_concurrency=2, root_mib=4096)
     with pytest.raises(errors.InvalidArgument):
         SandboxPool("sn-ok", isolation="vm")
+
+
+def test_ends_carried_by_a_begin_free_their_slots_first() -> None:
+    """A begin may carry earlier episodes' ends (one request fewer per episode): they are
+    ended before the new container is placed, unknown ones skipped, retiring statuses kept."""
+    async def go() -> None:
+        svc = FakeService()
+        pools = EpisodePools(svc)  # type: ignore[arg-type]
+        pid = pools.open("sn-ok", max_concurrency=2, sandboxes=1, episodes_per_sandbox=100)["pool_id"]
+        a = await pools.begin(pid)
+        b = await pools.begin(pid)
+        # Both slots of the one sandbox are taken: only ending `a` first lets `c` in at once.
+        await pools.end_many(pid, [(a["container_id"], "ok"), ("ct-unknown", "ok")])
+        c = await asyncio.wait_for(pools.begin(pid), 5)
+        assert c["sandbox_id"] == a["sandbox_id"] and svc.restored == 1
+        await pools.end_many(pid, [(b["container_id"], "timeout"), (c["container_id"], "ok")])
+        await asyncio.sleep(0)
+        assert a["sandbox_id"] in svc.terminated  # the timeout retired it
+        await pools.close(pid)
+    run(go())
+
+
+def test_the_sdk_sends_an_episode_end_with_the_next_begin_or_on_its_own() -> None:
+    """EpisodePoolClient: an `aend` rides on the next `abegin`'s request; with no begin coming
+    it goes as its own DELETE after END_FLUSH_S; a begin that fails puts its ends back."""
+    import httpx
+
+    from rollbox.client.portal import PORTAL
+    from rollbox.client.transport import Client
+    from rollbox.sdk import containers
+
+    sent: list[tuple[str, str, Any]] = []
+    fail_next_begin = [False]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = request.content and __import__("json").loads(request.content)
+        sent.append((request.method, request.url.path, body or dict(request.url.params)))
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"ok": True})
+        if request.url.path == "/episode-pools":
+            return httpx.Response(200, json={"pool_id": "ep-1"})
+        if request.method == "POST" and request.url.path.endswith("/containers"):
+            if fail_next_begin[0]:
+                fail_next_begin[0] = False
+                return httpx.Response(503, json={"code": "sandbox_lost", "message": "restore failed"})
+            return httpx.Response(200, json={"sandbox_id": "sb-1", "container_id": f"ct-{len(sent)}"})
+        return httpx.Response(200, json={})
+
+    client = Client("http://rollbox.test", transport=httpx.MockTransport(handler), autostart=False)
+    pool = containers.EpisodePoolClient(client, "sn-x", max_concurrency=2)
+
+    async def go() -> None:
+        a = await pool.abegin()
+        ending = asyncio.ensure_future(pool.aend(a.container_id, "ok"))
+        await asyncio.sleep(0)
+        b = await pool.abegin()  # carries a's end
+        await asyncio.wait_for(ending, 1)
+        assert sent[-1][2] == {"end": [{"container_id": a.container_id, "status": "ok"}]}
+        n = len(sent)
+        await asyncio.wait_for(pool.aend(b.container_id, "timeout"), 2)  # no begin: its own DELETE
+        assert [(m, p) for m, p, _ in sent[n:]] == [("DELETE", f"/episode-pools/ep-1/containers/{b.container_id}")]
+        assert sent[-1][2] == {"status": "timeout"}
+        c = await pool.abegin()
+        ending = asyncio.ensure_future(pool.aend(c.container_id, "ok"))
+        await asyncio.sleep(0)
+        fail_next_begin[0] = True
+        with pytest.raises(errors.SandboxLost):
+            await pool.abegin()
+        await asyncio.wait_for(ending, 2)  # put back, then flushed on its own
+        assert sent[-1][:2] == ("DELETE", f"/episode-pools/ep-1/containers/{c.container_id}")
+    try:
+        PORTAL.run(go())
+    finally:
+        pool.close()
+        client.close()
