@@ -65,6 +65,28 @@ def test_timeout_kills_a_setsid_env_cleared_descendant_gh19(agent_sandbox: Sandb
     assert _sleepers(sb) == 2
 
 
+# Moves the shell into each hierarchy's root cgroup through the agent's descriptors (gVisor
+# lets root open /proc/1/fd/N of the non-dumpable agent), then leaves a detached sleeper there.
+LEAVE_THE_CGROUP = ("for f in /proc/1/fd/*; do [ -e $f/cgroup.procs ] && echo $$ > $f/cgroup.procs; done; "
+                    "grep -c . /proc/self/cgroup; setsid env -i sh -c 'sleep 1000' & sleep 0.2; echo left")
+
+
+def test_a_command_that_leaves_its_cgroup_is_killed_gh19(agent_sandbox: SandboxInstance) -> None:
+    """A process that moves itself out of its exec's cgroups, which a timeout could then not
+    find, is killed by the agent's watcher within a few of its looks (every 0.1 s or less)."""
+    sb = agent_sandbox
+    r = sb.exec("sh", "-c", LEAVE_THE_CGROUP, timeout=20)
+    deadline = time.monotonic() + 5
+    while _sleepers(sb) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _sleepers(sb) == 0, r
+    # The shell that moved itself was killed too (it ran in the root cgroup), before its echo
+    # or right after it; either way the sandbox goes on and ordinary commands are untouched.
+    assert r.exit_code in (0, 137), r
+    assert sb.exec("sh", "-c", "sleep 1 & wait; echo ok", timeout=20).stdout == b"ok\n"
+    assert sb.info().state == "running"
+
+
 def test_commands_cannot_see_the_cgroup_mounts(sandbox: SandboxInstance) -> None:
     r = sandbox.exec("sh", "-c", "grep -c cgroup /proc/mounts; ls -a /dev | grep -c rollbox-cg")
     assert r.stdout.split() == [b"0", b"0"], r

@@ -185,11 +185,15 @@ def _run_restore_hook():
     if not os.path.isfile(RESTORE_HOOK):
         return
     env = {**os.environ, **_identity["env"], "ROLLBOX_SEED": os.urandom(16).hex()}
+    mark = "ROLLBOX_RESTORE_HOOK=1"
+    cg = jail.create(0, mark)  # cgroups of its own like any command (the root ones are the agent's)
     try:
-        subprocess.Popen([RESTORE_HOOK], env=env, cwd="/", stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    except OSError:
+        spawn([RESTORE_HOOK], env, "/", None, subprocess.DEVNULL, subprocess.DEVNULL, subprocess.DEVNULL, cg=cg)
+    except (OSError, ValueError):
         pass
+    finally:
+        if cg:
+            jail.release(cg, mark)
 
 
 def op_ping(req):
@@ -369,6 +373,8 @@ def main():
         # the bounding set, so no command it starts ever has it.
         if os.environ.pop("ROLLBOX_PRIVILEGED", "") != "1":
             libc.prctl(24, 21, 0, 0, 0)  # PR_CAPBSET_DROP, CAP_SYS_ADMIN
+        else:
+            jail.note_unjailed()  # its commands may move processes between cgroups themselves
     except (OSError, AttributeError):
         pass
     start_workers()

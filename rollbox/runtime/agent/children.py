@@ -186,6 +186,8 @@ def spawn(argv, env, cwd, user, stdin, stdout, stderr, preexec=None, cg=None):
     with _children_lock:
         if cg:
             jail.enter(cg)  # the child is born in it; this thread moves back below
+        else:
+            jail.note_unjailed()
         try:
             # Popen uses vfork without preexec_fn: far cheaper under gVisor than fork().
             proc = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env,

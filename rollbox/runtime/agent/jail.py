@@ -2,7 +2,8 @@
 native/src/jail.rs and memwatch.rs (read jail.rs for the measurements and the why).
 
 Each exec's processes live in their own pids and memory cgroups, which `setsid`, `env -i` and
-double forks cannot leave; the hierarchies are mounted at start, opened and detached, so no
+double forks cannot leave (one that moves itself to a root cgroup through the agent's
+descriptors is killed by the watcher: `kill_escaped`); the hierarchies are mounted at start, opened and detached, so no
 command finds them in its mount table. The watcher SIGKILLs the exec whose cgroup holds the
 most memory once the sandbox's processes reach the user's limit (ROLLBOX_MEMORY_MIB); the host
 cgroup's limit, above it, is the last line of defence. Standard library only.
@@ -26,6 +27,62 @@ _by_mark: dict = {}  # exec mark -> cgroup name  # type: ignore[type-arg]
 _stale: list = []  # cgroups of returned execs that still had processes  # type: ignore[type-arg]
 _oom: set = set()  # cgroups the watcher killed  # type: ignore[type-arg]
 _peak: dict = {}  # running exec's cgroup -> most tasks the watcher saw (a bomb's sign)  # type: ignore[type-arg]
+_exempt: set = set()  # pids in the root cgroups by design (the zygote)  # type: ignore[type-arg]
+_unjailed = [False]  # something started outside the exec cgroups: escapees not told apart
+
+
+def exempt(pid):
+    """`pid` lives in the root cgroups by design (not an escapee)."""
+    _exempt.add(pid)
+
+
+def note_unjailed():
+    """Something was started outside the exec cgroups (or a privileged sandbox's commands may
+    move processes themselves): `kill_escaped` stops, as jail.rs says."""
+    _unjailed[0] = True
+
+
+def _parent(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            stat = f.read()
+        return int(stat[stat.rindex(")") + 1:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def kill_escaped():
+    """SIGKILLs the processes of the agent's PID namespace in a hierarchy's root cgroup that are
+    neither the agent nor exempt (nor descended from an exempt one): commands that moved
+    themselves out of their exec's cgroups through the agent's descriptors (jail.rs)."""
+    if _unjailed[0] or "pids" not in _fds:
+        return 0
+    me = os.getpid()
+    try:
+        my_ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return 0
+    killed = 0
+    for c in list(_fds):
+        for pid in _read_pids(_path(c, "cgroup.procs")):
+            if pid == me or pid in _exempt:
+                continue
+            try:
+                if os.readlink("/proc/%d/ns/pid" % pid) != my_ns:
+                    continue  # an episode container's process (a PID namespace of its own)
+            except OSError:
+                continue
+            up, hops = _parent(pid), 0
+            while up is not None and up > 1 and up not in _exempt and hops < 64:
+                up, hops = _parent(up), hops + 1
+            if up in _exempt:
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+    return killed
 
 
 def note_peaks():
@@ -157,12 +214,16 @@ def for_mark(mark):
         return _by_mark.get(mark)
 
 
-def members(name):
+def _read_pids(path):
     try:
-        with open(_path("pids", name + "/cgroup.procs")) as f:
+        with open(path) as f:
             return [int(p) for p in f.read().split()]
-    except OSError:
+    except (OSError, ValueError):
         return []
+
+
+def members(name):
+    return _read_pids(_path("pids", name + "/cgroup.procs"))
 
 
 def task_count(name):
@@ -238,6 +299,7 @@ def watch(limit_bytes, pids_max):
     poll = POLL_S
     while True:
         time.sleep(poll)
+        kill_escaped()
         if pids_max:
             note_peaks()
             _reap_bombs(pids_max, full)

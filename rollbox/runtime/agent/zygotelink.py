@@ -13,8 +13,10 @@ import threading
 
 try:
     import frames  # beside this file (runtime/agentdir.py installs them)
+    import jail
 except ImportError:  # imported as rollbox.runtime.agent.* (unit tests)
     from . import frames  # type: ignore[no-redef]
+    from . import jail  # type: ignore[no-redef]
 
 
 class ZygoteLink:
@@ -58,6 +60,7 @@ class ZygoteLink:
                 os.execv(py, [py, "-u", os.path.join(here, "zygote.py")])
             finally:
                 os._exit(127)
+        jail.exempt(pid)  # in the root cgroups by design (forked before any exists)
         os.close(to_r)
         os.close(from_w)
         os.close(key_r)

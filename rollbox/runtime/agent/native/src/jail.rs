@@ -11,14 +11,19 @@
 //! mount table; the agent reaches them through its own descriptors (/proc/self/fd/N/...).
 //! A new process enters its exec's cgroups before its first instruction: the spawning thread
 //! moves itself in (`tasks`), spawns (the child inherits the thread's cgroups) and moves back.
-//! Known gap: gVisor lets a root process open /proc/1/fd/N of the non-dumpable agent, so a
-//! command that goes looking for the descriptor can still move itself out.
+//! gVisor lets a root process open /proc/1/fd/N of the non-dumpable agent (no ptrace check,
+//! measured: commands lack CAP_SYS_PTRACE and still open them), so a command can move itself
+//! into a hierarchy's root through the agent's descriptors. The memory watcher's every look
+//! (memwatch.rs) kills such escapees (`kill_escaped`): in the root cgroups only the agent and
+//! the container zygote live (episode containers' processes are in PID namespaces of their
+//! own). A command moving itself into another exec's cgroup instead is not caught: it then
+//! lives and dies with that exec.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::fs::{self, File};
 use std::os::unix::io::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use once_cell::sync::OnceCell as OnceLock;
@@ -41,6 +46,64 @@ static STALE: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
 static OOM: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
 /// The most tasks the watcher saw in each running exec's cgroup (a fork bomb's sign).
 static PEAK: OnceLock<Mutex<HashMap<String, usize>>> = OnceLock::new();
+/// Processes that live in the root cgroups by design (the zygote), besides the agent.
+static EXEMPT: OnceLock<Mutex<Vec<sys::pid_t>>> = OnceLock::new();
+/// Set once something was started outside any exec cgroup (a refused cgroup, a privileged
+/// sandbox whose commands may move processes themselves): nothing then tells such a process
+/// from an escaped one, so `kill_escaped` stops.
+static UNJAILED: AtomicBool = AtomicBool::new(false);
+
+fn exempted() -> &'static Mutex<Vec<sys::pid_t>> {
+    EXEMPT.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// `pid` lives in the root cgroups by design (not an escapee).
+pub fn exempt(pid: sys::pid_t) {
+    exempted().lock().unwrap().push(pid);
+}
+
+/// Something was started outside the exec cgroups: escapees can no longer be told apart.
+pub fn note_unjailed() {
+    UNJAILED.store(true, Ordering::Relaxed);
+}
+
+fn parent_of(pid: sys::pid_t) -> Option<sys::pid_t> {
+    let stat = fs::read_to_string(format!("/proc/{}/stat", pid)).ok()?;
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so from the last ')'.
+    stat[stat.rfind(')')? + 1..].split_whitespace().nth(1)?.parse().ok()
+}
+
+/// SIGKILLs the processes of the agent's PID namespace found in a hierarchy's root cgroup
+/// that are neither the agent nor exempt (nor descended from an exempt one): commands that
+/// left their exec's cgroups through the agent's descriptors. Returns how many.
+pub fn kill_escaped() -> usize {
+    let h = match hier() { Some(h) if !UNJAILED.load(Ordering::Relaxed) => h, _ => return 0 };
+    let me = unsafe { sys::getpid() };
+    let my_ns = fs::read_link("/proc/self/ns/pid").ok();
+    let exempt = exempted().lock().unwrap().clone();
+    let mut killed = 0;
+    for d in dirs(h) {
+        for pid in read_pids(d, "cgroup.procs") {
+            if pid == me || exempt.contains(&pid) || fs::read_link(format!("/proc/{}/ns/pid", pid)).ok() != my_ns {
+                continue; // the agent, the zygote, an episode container's process (own PID namespace)
+            }
+            let (mut up, mut hops) = (parent_of(pid), 0);
+            while let Some(p) = up.filter(|&p| p > 1 && hops < 64) {
+                if exempt.contains(&p) {
+                    break;
+                }
+                up = parent_of(p);
+                hops += 1;
+            }
+            if up.map(|p| exempt.contains(&p)).unwrap_or(false) {
+                continue;
+            }
+            unsafe { sys::kill(pid, sys::SIGKILL) };
+            killed += 1;
+        }
+    }
+    killed
+}
 
 fn peaks() -> &'static Mutex<HashMap<String, usize>> {
     PEAK.get_or_init(|| Mutex::new(HashMap::new()))

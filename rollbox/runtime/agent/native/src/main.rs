@@ -286,6 +286,9 @@ fn main() {
     // host's own hierarchies, and its execs' cgroups would land in the host's root.
     if unsafe { sys::getpid() } == 1 {
         jail::init();
+        if privileged {
+            jail::note_unjailed(); // its commands may move processes between cgroups themselves
+        }
     }
     unsafe {
         sys::prctl(sys::PR_SET_DUMPABLE, 0, 0, 0, 0); // no /proc/1/mem, no ptrace

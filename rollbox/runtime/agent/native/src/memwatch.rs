@@ -37,6 +37,7 @@ pub fn run(limit_bytes: u64) {
     let mut poll = POLL;
     loop {
         std::thread::sleep(poll);
+        jail::kill_escaped();
         if pids_max > 0 {
             jail::note_peaks();
             reap_bombs(pids_max, &mut full);

@@ -320,7 +320,10 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
     let jail = jail::Jail::create(proc::exec_pids_max(), &needle);
     let started = a.reaper.start(true, || match &jail {
         Some(j) => j.spawn_inside(|| proc::launch(&launch)),
-        None => proc::launch(&launch),
+        None => {
+            jail::note_unjailed();
+            proc::launch(&launch)
+        }
     });
     drop((out_w, err_w, in_r));
     let (pid, waiter) = match started {
@@ -805,7 +808,18 @@ fn run_restore_hook(a: &Agent) {
     }
     cmd.env("ROLLBOX_SEED", hex(&seed)).current_dir("/")
         .stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
-    let _ = cmd.spawn();
+    // In cgroups of its own like any command (the root ones are the agent's: jail.rs).
+    let mark = b"ROLLBOX_RESTORE_HOOK=1";
+    match jail::Jail::create(0, mark) {
+        Some(j) => {
+            let _ = j.spawn_inside(|| cmd.spawn());
+            j.release(mark);
+        }
+        None => {
+            jail::note_unjailed();
+            let _ = cmd.spawn();
+        }
+    }
 }
 
 pub fn op_ping() -> OpResult {

@@ -202,7 +202,10 @@ pub fn op_start(a: &Agent, req: &Value) -> OpResult {
     let run = || if pty { proc::launch_tty(&launch) } else { proc::launch(&launch) };
     let started = a.reaper.start(true, || match &jail {
         Some(j) => j.spawn_inside(run),
-        None => run(),
+        None => {
+            crate::jail::note_unjailed();
+            run()
+        }
     });
     drop((child_in, child_out, child_err));
     let (pid, waiter) = match started {

@@ -101,6 +101,7 @@ impl ZygoteLink {
             sys::close(to_r);
             sys::close(from_w);
         }
+        crate::jail::exempt(pid); // in the root cgroups by design (forked before any exists)
         Some(ZygoteLink { to_w, from_r, dead: Mutex::new((false, None)), served: Default::default() })
     }
 
