@@ -79,7 +79,8 @@ class EpisodePoolClient:
         self.pool_id = str(client.request("POST", "/episode-pools", json=body)["pool_id"])
         # Ends not yet sent, with the futures their `aend` callers wait on (SDK loop only).
         self._ends: list[tuple[dict[str, str], asyncio.Future[None]]] = []
-        self._flush_task: asyncio.Task[None] | None = None
+        self._flush_pending = False
+        self._flushes: set[asyncio.Task[None]] = set()
         self._closed = threading.Event()
         threading.Thread(target=self._heartbeat, args=(lease_s / 3,), daemon=True,
                          name=f"rollbox-lease-{self.pool_id}").start()
@@ -128,12 +129,18 @@ class EpisodePoolClient:
         await asyncio.shield(fut)
 
     def _schedule_flush(self) -> None:
-        if self._ends and (self._flush_task is None or self._flush_task.done()):
-            self._flush_task = asyncio.ensure_future(self._flush_later())
+        # The flag drops when the timer fires, before the flush takes the queue: an end queued
+        # while that flush's requests are out gets a timer of its own.
+        if self._ends and not self._flush_pending:
+            self._flush_pending = True
+            asyncio.get_running_loop().call_later(END_FLUSH_S, self._flush_now)
 
-    async def _flush_later(self) -> None:
-        await asyncio.sleep(END_FLUSH_S)
-        await self.aflush()
+    def _flush_now(self) -> None:
+        self._flush_pending = False
+        if self._ends:
+            task = asyncio.ensure_future(self.aflush())
+            self._flushes.add(task)
+            task.add_done_callback(self._flushes.discard)
 
     async def aflush(self) -> None:
         """Sends the queued ends now (each its own DELETE)."""

@@ -236,3 +236,37 @@ def test_the_sdk_sends_an_episode_end_with_the_next_begin_or_on_its_own() -> Non
     finally:
         pool.close()
         client.close()
+
+
+def test_an_end_queued_while_a_flush_is_sending_is_sent_too() -> None:
+    """An end queued while an earlier flush's DELETEs are still out is not left behind (it
+    hung until some later begin: a pool's last episodes never ended)."""
+    import httpx
+
+    from rollbox.client.portal import PORTAL
+    from rollbox.client.transport import Client
+    from rollbox.sdk import containers
+
+    deleted: list[str] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/episode-pools":
+            return httpx.Response(200, json={"pool_id": "ep-1"})
+        if request.method == "DELETE":
+            await asyncio.sleep(0.3)  # the first flush is still out when the second end comes
+            deleted.append(request.url.path.rsplit("/", 1)[-1])
+        return httpx.Response(200, json={"ok": True})
+
+    client = Client("http://rollbox.test", transport=httpx.MockTransport(handler), autostart=False)
+    pool = containers.EpisodePoolClient(client, "sn-x", max_concurrency=2)
+
+    async def go() -> None:
+        first = asyncio.ensure_future(pool.aend("ct-a", "ok"))
+        await asyncio.sleep(containers.END_FLUSH_S + 0.1)
+        await asyncio.wait_for(asyncio.gather(first, pool.aend("ct-b", "ok")), 3)
+    try:
+        PORTAL.run(go())
+        assert sorted(deleted) == ["ct-a", "ct-b"]
+    finally:
+        pool.close()
+        client.close()
