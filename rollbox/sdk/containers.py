@@ -110,9 +110,14 @@ class EpisodePoolClient:
             self._ends[:0] = ends
             self._schedule_flush()
             raise
-        for _e, fut in ends:
-            if not fut.done():
-                fut.set_result(None)
+        if ends and r.get("ended") != len(ends):
+            # A daemon that does not know the field ignored it: the ends go on their own.
+            self._ends[:0] = ends
+            self._schedule_flush()
+        else:
+            for _e, fut in ends:
+                if not fut.done():
+                    fut.set_result(None)
         return ContainerInstance(str(r["sandbox_id"]), str(r["container_id"]), self)
 
     def end(self, container_id: str, status: str) -> None:

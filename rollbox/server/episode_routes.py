@@ -76,7 +76,8 @@ def add_episode_routes(app: FastAPI, service: "SandboxService", exec_model: type
     async def begin(pool_id: str, body: BeginEpisode) -> dict[str, Any]:
         if body.end:
             await pools.end_many(pool_id, [(e.container_id, e.status) for e in body.end])
-        return await pools.begin(pool_id, env=body.env)
+        # "ended": the client knows its ends were taken (an older daemon ignores the field).
+        return {**await pools.begin(pool_id, env=body.env), "ended": len(body.end)}
 
     @app.delete("/episode-pools/{pool_id}/containers/{container_id}")
     async def end(pool_id: str, container_id: str, status: str = "ok") -> dict[str, Any]:

@@ -194,6 +194,7 @@ def test_the_sdk_sends_an_episode_end_with_the_next_begin_or_on_its_own() -> Non
 
     sent: list[tuple[str, str, Any]] = []
     fail_next_begin = [False]
+    old_daemon = [False]  # one that ignores `end` (and so answers no "ended")
 
     def handler(request: httpx.Request) -> httpx.Response:
         body = request.content and __import__("json").loads(request.content)
@@ -206,7 +207,8 @@ def test_the_sdk_sends_an_episode_end_with_the_next_begin_or_on_its_own() -> Non
             if fail_next_begin[0]:
                 fail_next_begin[0] = False
                 return httpx.Response(503, json={"code": "sandbox_lost", "message": "restore failed"})
-            return httpx.Response(200, json={"sandbox_id": "sb-1", "container_id": f"ct-{len(sent)}"})
+            ended = {} if old_daemon[0] else {"ended": len((body or {}).get("end", []))}
+            return httpx.Response(200, json={"sandbox_id": "sb-1", "container_id": f"ct-{len(sent)}", **ended})
         return httpx.Response(200, json={})
 
     client = Client("http://rollbox.test", transport=httpx.MockTransport(handler), autostart=False)
@@ -231,6 +233,13 @@ def test_the_sdk_sends_an_episode_end_with_the_next_begin_or_on_its_own() -> Non
             await pool.abegin()
         await asyncio.wait_for(ending, 2)  # put back, then flushed on its own
         assert sent[-1][:2] == ("DELETE", f"/episode-pools/ep-1/containers/{c.container_id}")
+        old_daemon[0] = True
+        d = await pool.abegin()
+        ending = asyncio.ensure_future(pool.aend(d.container_id, "ok"))
+        await asyncio.sleep(0)
+        await pool.abegin()  # carries d's end, which an older daemon drops
+        await asyncio.wait_for(ending, 2)
+        assert sent[-1][:2] == ("DELETE", f"/episode-pools/ep-1/containers/{d.container_id}")
     try:
         PORTAL.run(go())
     finally:
