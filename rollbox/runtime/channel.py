@@ -10,11 +10,23 @@ Frame: 4-byte big-endian length + payload; requests and replies match on `id`. A
 UTF-8 JSON object; a reply is HMAC-SHA256(key, json) + json, with the per-sandbox key the
 agent read (and deleted) at boot. A reply that fails the check was written into the channel by
 a process inside the sandbox: the channel is then `corrupted` and the sandbox is ended.
+
+Checkpoints (gh-19): `runsc checkpoint` captures the agent as it is, and a frame half-written
+at that moment is cut in two: a restored copy writes the rest of a reply (or waits for the rest
+of a request) on a channel whose reader expects a header, and even the source, left running,
+was seen to garble its stream (ended as corrupted). So a checkpoint runs inside
+`quiesced()`: new requests are held here, the `quiesce` request goes out after whatever is
+half-written, and the agent answers it only once no reply of its is half-written, then writes
+nothing more until `resume` (or `hold_s`). Both directions then stand at a frame boundary,
+in the source and in every copy; a copy's daemon sends `resume` first (`resume_restored`). A
+command still running is no obstacle: its reply simply waits. The normal request path pays one
+attribute test.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import itertools
@@ -22,6 +34,7 @@ import json
 import os
 import secrets
 import struct
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,6 +43,7 @@ from ..errors import AgentFailed, SandboxLost
 _HDR = struct.Struct(">I")
 MAC_LEN = 32
 MAX_FRAME = 512 * 1024 * 1024
+QUIESCE_WAIT_S = 10.0  # for the agent to finish the reply it is writing and answer `quiesce`
 
 
 class AgentError(AgentFailed):
@@ -76,6 +90,9 @@ class AgentChannel:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.closed_reason: str | None = None
         self.on_lost: Callable[[str], None] | None = None
+        # While quiesced: the request frames held back (sent on release), else None.
+        self._held: bytearray | None = None
+        self._gate: asyncio.Lock | None = None  # one quiesce at a time
 
     def open(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -145,14 +162,22 @@ class AgentChannel:
         if not self._wbuf:
             self._loop.remove_writer(self._in_fd)
 
-    def _send(self, msg: dict[str, Any]) -> None:
-        assert self._loop is not None
+    def _send(self, msg: dict[str, Any], *, now: bool = False) -> None:
+        """Queues one signed request frame; held back while quiesced unless `now`."""
         data = json.dumps(msg, separators=(",", ":")).encode()
         # Requests are authenticated too: root in the sandbox can open the agent's stdin
         # (/proc/1/fd/0), so an unsigned request could be swapped for a forged one.
         mac = hmac.new(self.key, data, hashlib.sha256).digest()
+        frame = _HDR.pack(len(mac) + len(data)) + mac + data
+        if self._held is not None and not now:
+            self._held += frame
+            return
+        self._write(frame)
+
+    def _write(self, frame: bytes) -> None:
+        assert self._loop is not None
         was_empty = not self._wbuf
-        self._wbuf += _HDR.pack(len(mac) + len(data)) + mac + data
+        self._wbuf += frame
         if was_empty:
             self._on_writable()
             if self._wbuf and self._in_fd >= 0:
@@ -165,13 +190,16 @@ class AgentChannel:
             SandboxLost: the channel closed (the sandbox died) or no reply came in `timeout` s.
             AgentError: the agent ran the request and reported a failure.
         """
+        return await self._request(op, wait_s, fields, now=False)
+
+    async def _request(self, op: str, wait_s: float | None, fields: dict[str, Any], *, now: bool) -> dict[str, Any]:
         if self.closed_reason is not None:
             raise SandboxLost(f"sandbox {self.sandbox_id}: {self.closed_reason}", sandbox_id=self.sandbox_id)
         assert self._loop is not None
         rid = next(self._ids)
         fut: asyncio.Future[dict[str, Any]] = self._loop.create_future()
         self._pending[rid] = fut
-        self._send({"id": rid, "op": op, **fields})
+        self._send({"id": rid, "op": op, **fields}, now=now)
         try:
             reply = await asyncio.wait_for(fut, wait_s)
         except asyncio.TimeoutError:
@@ -185,6 +213,47 @@ class AgentChannel:
         if not reply.get("ok"):
             raise AgentError(str(reply.get("error")), str(reply.get("message")), sandbox_id=self.sandbox_id)
         return reply
+
+    @contextlib.asynccontextmanager
+    async def quiesced(self, hold_s: float, wait_s: float = QUIESCE_WAIT_S) -> AsyncIterator[str]:
+        """Holds the channel at a frame boundary in both directions for the block (a checkpoint).
+
+        hold_s: seconds the agent holds its output at most (it goes on by itself after that,
+        should this daemon die before the release).
+        wait_s: seconds to wait for the agent's answer; without one the block runs anyway.
+
+        Yields how it went: "held" (both directions at a boundary), "old_agent" (an agent
+        without `quiesce`: requests are held, but a reply may be half-written) or "no_answer"
+        (none in `wait_s`: an overloaded or dead agent; the block runs regardless). On leaving,
+        `resume` and then the requests held meanwhile are sent, in order.
+        """
+        if self._gate is None:
+            self._gate = asyncio.Lock()
+        async with self._gate:
+            token = secrets.token_hex(8)
+            self._held = bytearray()
+            try:
+                try:
+                    reply = await self._request("quiesce", wait_s, {"token": token, "hold_s": hold_s}, now=True)
+                    how = "held" if reply.get("held") else "no_answer"
+                except AgentError:
+                    how = "old_agent"
+                except SandboxLost:
+                    how = "no_answer"
+                yield how
+            finally:
+                held, self._held = self._held, None
+                if self.closed_reason is None:
+                    # `resume` names the hold, so that a `quiesce` the agent runs only now
+                    # (it answered too late) holds nothing.
+                    self._send({"id": next(self._ids), "op": "resume", "token": token})
+                    if held:
+                        self._write(bytes(held))
+
+    def resume_restored(self) -> None:
+        """Releases the output of an agent captured quiesced (a restored copy, or a sandbox whose
+        previous daemon died during a checkpoint): sent before anything else, its answer unread."""
+        self._send({"id": next(self._ids), "op": "resume"})
 
     def fail(self, reason: str) -> None:
         """Marks the channel dead and wakes every waiter with `reason`."""

@@ -181,6 +181,8 @@ class Booter:
                     f"{res.stderr.decode(errors='replace').strip()[-800:]}", sandbox_id=sandbox_id)
             if snapshot is None:
                 await channel.wait_ready(BOOT_TIMEOUT_S)
+            else:
+                channel.resume_restored()  # captured quiesced (checkpoints.py): its output resumes
             identity = {"ROLLBOX_SANDBOX_ID": sandbox_id}
             if fork_index is not None:
                 identity["ROLLBOX_FORK_INDEX"] = str(fork_index)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,11 @@ from .validation import MIN_FREE_DISK, container_id
 
 if TYPE_CHECKING:
     from .warm import WarmPools
+
+log = logging.getLogger("rollbox.service")
+# Seconds the agent holds its output for a checkpoint at most: runsc checkpoint's own limit
+# (runtime/runsc.py, 300 s) and some. Released at once when the checkpoint returns.
+CHECKPOINT_HOLD_S = 330.0
 
 
 class Checkpoints:
@@ -94,7 +100,16 @@ class Checkpoints:
                 raise errors.ResourceExhausted(
                     f"less than {MIN_FREE_DISK >> 20} MiB free under {ctx.paths.snapshots}: delete snapshots "
                     "(`rollbox snapshot rm`) or free disk", sandbox_id=sandbox_id)
-            res = await ctx.runsc.checkpoint(container_id(sandbox_id), ck, leave_running=leave_running)
+            # At a frame boundary both ways (gh-19): a frame cut by the checkpoint would garble
+            # the channel of the copies and of the source.
+            async with lv.channel.quiesced(CHECKPOINT_HOLD_S) as how:
+                if how != "held":
+                    # An agent pinned before quiesce existed (restored from an old snapshot), or
+                    # one that did not answer in time (overloaded): checkpointed as before.
+                    log.log(logging.INFO if how == "old_agent" else logging.WARNING,
+                            "sandbox %s: checkpoint with its agent channel not quiesced (%s): a file "
+                            "transfer in flight may garble it", sandbox_id, how)
+                res = await ctx.runsc.checkpoint(container_id(sandbox_id), ck, leave_running=leave_running)
             if res.returncode != 0:
                 detail = res.stderr.decode(errors="replace").strip()[-800:]
                 if disk_full(ck):

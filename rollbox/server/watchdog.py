@@ -74,6 +74,8 @@ async def recover(svc: SandboxService) -> dict[str, int]:
             ch = AgentChannel(sid, svc.sandbox_dir(sid) / "in", svc.sandbox_dir(sid) / "out", key)
             try:
                 ch.open()
+                # The previous daemon may have died during a checkpoint, the agent's output held.
+                ch.resume_restored()
                 await ch.request("ping", wait_s=5.0)
                 ok = True
             except (errors.RollboxError, OSError):

@@ -6,8 +6,9 @@ no mounts and a one-layer fake image. No root, no gVisor; the real-runsc tier
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -25,6 +26,8 @@ from rollbox.server.store import Store
 
 S = SandboxState
 IMAGE = "im-fake"
+# What the channels and the driver did, in order (cleared by the `host` fixture).
+TRACE: list[str] = []
 
 
 class FakeChannel:
@@ -51,6 +54,15 @@ class FakeChannel:
             return {"exit_code": 0, "stdout": "", "stderr": "", "timed_out": False, "truncated": False,
                     "duration_s": 0.0}
         return {}
+
+    @contextlib.asynccontextmanager
+    async def quiesced(self, hold_s: float) -> AsyncIterator[str]:
+        TRACE.append("quiesce")
+        yield "held"
+        TRACE.append("resume")
+
+    def resume_restored(self) -> None:
+        TRACE.append("resume_restored")
 
     def fail(self, reason: str) -> None:
         self.closed_reason = self.closed_reason or reason
@@ -81,6 +93,7 @@ class FakeDriver:
 
     async def checkpoint(self, container_id: str, image_path: Path, *, leave_running: bool) -> RunResult:
         self.verbs.append("checkpoint")
+        TRACE.append("checkpoint")
         (image_path / "checkpoint.img").write_bytes(b"state")
         if not leave_running:
             self.containers.discard(container_id)
@@ -139,6 +152,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Host]:
     monkeypatch.setenv("ROLLBOX_AGENT_DIR", str(agent))
     monkeypatch.setattr(boot, "AgentChannel", FakeChannel)
     monkeypatch.setattr(watchdog, "AgentChannel", FakeChannel)
+    TRACE.clear()
     monkeypatch.setattr(boot, "mount_overlay", lambda lowers, upper, work, target: target.mkdir())
     paths = Paths(tmp_path / "home")
     paths.ensure()
@@ -185,6 +199,8 @@ def test_create_pause_resume_terminate(host: Host) -> None:
         info = await svc.resume(sid)
         assert info.state == "running" and svc.is_live(sid) and host.store.state(sid) is S.RUNNING
         assert host.driver.verbs == ["run", "checkpoint", "restore"]
+        # gh-19: checkpointed with the channel quiesced; the restored agent's output released.
+        assert TRACE == ["quiesce", "checkpoint", "resume", "resume_restored"]
         assert row(host, sid)["paused_snapshot_id"] is None
         assert (await svc.resume(sid)).state == "running"  # resuming a running sandbox changes nothing
         assert host.driver.verbs == ["run", "checkpoint", "restore"]

@@ -125,22 +125,83 @@ KEY_FILE = "/.rollbox-key"
 TMP_MARKER = "/tmp/.rollbox-tmp-on-disk"  # keeps gVisor's tmpfs off /tmp (runtime/rootfs.py); gone at start
 
 
-def send(msg):
+def _frame(msg):
     data = json.dumps(msg, separators=(",", ":")).encode()
-    mac = hmac_sha256(_key["key"], data)
-    frame = _HDR.pack(len(data) + len(mac)) + mac + data
+    return _HDR.pack(len(data) + 32) + hmac_sha256(_key["key"], data) + data
+
+
+def _write_frame(frame):
+    """Writes one whole frame; the caller holds _out_lock."""
+    view = memoryview(frame)
+    while view:
+        try:
+            n = os.write(_out_fd, view)
+        except BrokenPipeError:
+            # The daemon is gone (restarting); drop the reply, it re-asks.
+            return
+        except BlockingIOError:
+            select.select([], [_out_fd], [], 1.0)
+            continue
+        view = view[n:]
+
+
+def send(msg):
+    frame = _frame(msg)
     with _out_lock:
-        view = memoryview(frame)
-        while view:
-            try:
-                n = os.write(_out_fd, view)
-            except BrokenPipeError:
-                # The daemon is gone (restarting); drop the reply, it re-asks.
+        _write_frame(frame)
+
+
+class OutputGate:
+    """`quiesce` and `resume` (gh-19): the channel at a frame boundary for a checkpoint.
+
+    The daemon sends `quiesce` last before a checkpoint, so once this agent has read it no
+    request is half-read. Its answer is written under _out_lock, after any reply being written,
+    and the lock is then kept until `resume` names the hold (or `hold_s` passes): the checkpoint
+    finds no reply half-written either. A restored copy carries the hold; its daemon's first
+    request is a `resume` without a token, which releases whatever is held. A `resume` that
+    arrives before its `quiesce` ran (answered too late, the daemon went on) cancels it."""
+
+    def __init__(self):
+        self.cv = threading.Condition(threading.Lock())
+        self.held = None  # the token of the hold in force
+        self.cancelled = []  # tokens resumed before their quiesce ran (the last 16)
+
+    def quiesce(self, rid, token, hold_s):
+        with _out_lock:
+            with self.cv:
+                stale = token in self.cancelled
+                if stale:
+                    self.cancelled.remove(token)
+                else:
+                    self.held = token
+            _write_frame(_frame({"id": rid, "ok": True, "held": not stale}))
+            if stale:
                 return
-            except BlockingIOError:
-                select.select([], [_out_fd], [], 1.0)
-                continue
-            view = view[n:]
+            deadline = time.monotonic() + hold_s
+            with self.cv:
+                while self.held == token:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self.held = None
+                        break
+                    self.cv.wait(left)
+
+    def resume(self, req):
+        token = req.get("token")
+        if not isinstance(token, str):
+            token = None
+        with self.cv:
+            if token is None or token == self.held:
+                self.held = None
+                self.cv.notify_all()
+            elif token not in self.cancelled:
+                self.cancelled.append(token)
+                del self.cancelled[:-16]
+        return {}
+
+
+_gate = OutputGate()
+QUIESCE_HOLD_MAX_S = 600.0
 
 
 def op_exec(req):
@@ -253,12 +314,26 @@ OPS = {
     "identity": op_identity,
     "spawn": op_spawn,
     "ping": op_ping,
+    "resume": _gate.resume,
 }
 
 
 def handle(req):
     rid = req.get("id")
     t0 = time.monotonic()
+    if req.get("op") == "quiesce":  # answers itself, under the output lock it keeps
+        token = req.get("token")
+        try:
+            hold_s = float(req.get("hold_s") or 60.0)
+        except (TypeError, ValueError):
+            hold_s = 60.0
+        if not isinstance(token, str):
+            send({"id": rid, "ok": False, "error": "invalid_argument",
+                  "message": "quiesce: a string `token` is required"})
+            return
+        hold_s = min(hold_s, QUIESCE_HOLD_MAX_S) if hold_s >= 0 else 0.0  # NaN too
+        _gate.quiesce(rid, token, hold_s)
+        return
     try:
         fn = OPS[req["op"]]
         res = fn(req)

@@ -10,6 +10,7 @@
 //! Nothing here caches a pid or a time across requests: after `runsc restore` the process
 //! simply carries on, and `identity` gives a restored copy its own env and host name.
 
+mod gate;
 mod jail;
 mod memwatch;
 mod ops;
@@ -44,6 +45,8 @@ pub struct Agent {
     /// HMAC-SHA256 keyed with the sandbox's key; cloned per frame (the key schedule is done once).
     hmac: Hmac<Sha256>,
     out: Mutex<()>,
+    /// `quiesce`/`resume` (gate.rs): `out` kept for a checkpoint.
+    gate: gate::Gate,
     pub reaper: proc::Reaper,
     /// Background processes started with `proc_start` (gh-16).
     pub procs: procs::Table,
@@ -104,19 +107,46 @@ impl Pool {
 impl Agent {
     /// Writes one signed frame to stdout. A gone daemon (EPIPE) drops it: it re-asks.
     fn send(&self, msg: &Value) {
+        self.write_raw(&self.frame(msg));
+    }
+
+    /// One signed frame of `msg`.
+    fn frame(&self, msg: &Value) -> Vec<u8> {
         let data = wire::to_vec(msg);
         let mac = sign(&self.hmac, &data);
         let mut frame = Vec::with_capacity(4 + MAC_LEN + data.len());
         frame.extend_from_slice(&((MAC_LEN + data.len()) as u32).to_be_bytes());
         frame.extend_from_slice(&mac);
         frame.extend_from_slice(&data);
-        self.write_raw(&frame);
+        frame
+    }
+
+    /// `quiesce` (gate.rs): answered under the output lock, which it then keeps until `resume`.
+    fn quiesce(&self, req: &Value, rid: Value) {
+        let token = match req.get("token").and_then(|t| t.as_str()) {
+            Some(t) => t.to_string(),
+            None => return self.send(&error_reply(rid, "invalid_argument", "quiesce: a string `token` is required")),
+        };
+        let hold = gate::hold_for(wire::get_truthy(req, "hold_s").and_then(wire::as_f64));
+        let _out = self.out.lock().unwrap();
+        let held = self.gate.hold(&token);
+        self.write_locked(&self.frame(&Obj::new()
+            .with("id", rid)
+            .with("ok", Value::Bool(true))
+            .with("held", Value::Bool(held))
+            .build()));
+        if held {
+            self.gate.wait(&token, hold);
+        }
     }
 
     fn handle(&self, req: Value) {
         let t0 = Instant::now();
         let rid = req.get("id").cloned().unwrap_or(Value::Null);
         let op = req.get("op").and_then(wire::as_bytes).map(|b| String::from_utf8_lossy(&b).to_string());
+        if op.as_deref() == Some("quiesce") {
+            return self.quiesce(&req, rid);
+        }
         let result = catch_unwind(AssertUnwindSafe(|| match op.as_deref() {
             Some("exec") => ops::op_exec(self, &req),
             Some("spawn") => ops::op_spawn(self, &req),
@@ -126,6 +156,10 @@ impl Agent {
             Some("remove") => ops::op_remove(&req),
             Some("identity") => ops::op_identity(self, &req),
             Some("ping") => ops::op_ping(),
+            Some("resume") => {
+                self.gate.resume(req.get("token").and_then(|t| t.as_str()));
+                Ok(Obj::new())
+            }
             Some("proc_start") => procs::op_start(self, &req),
             Some("proc_read") => procs_ops::op_read(self, &req),
             Some("proc_write") => procs_ops::op_write(self, &req),
@@ -176,6 +210,11 @@ impl Agent {
     /// Writes an already signed frame (the zygote's) to stdout, whole.
     fn write_raw(&self, frame: &[u8]) {
         let _guard = self.out.lock().unwrap();
+        self.write_locked(frame);
+    }
+
+    /// Writes one whole frame to stdout; the caller holds `out`. A gone daemon (EPIPE) drops it.
+    fn write_locked(&self, frame: &[u8]) {
         let mut off = 0;
         while off < frame.len() {
             let n = unsafe { sys::write(1, frame[off..].as_ptr() as *const _, frame.len() - off) };
@@ -305,6 +344,7 @@ fn main() {
     let agent: &'static Agent = Box::leak(Box::new(Agent {
         hmac: Hmac::<Sha256>::new_from_slice(&key).expect("HMAC takes a key of any length"),
         out: Mutex::new(()),
+        gate: gate::Gate::default(),
         reaper: proc::Reaper::new(),
         procs: procs::Table::new(),
         base_env,
