@@ -8,6 +8,7 @@ second copy of its state): agent.py hands op_exec its worker pool's submit.
 """
 
 import base64
+import itertools
 import os
 import select
 import subprocess
@@ -29,6 +30,9 @@ EXEC_PIDS_MAX, PIDS_REPORT_AT = children.EXEC_PIDS_MAX, children.PIDS_REPORT_AT
 DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024
 
 
+_mains = itertools.count(1)  # main processes started (their cgroups' marks)
+
+
 def op_spawn(req):
     """Starts a long-running process (an image's entrypoint) without waiting for it; its
     output goes to `log` (default /dev/null). Returns its pid."""
@@ -36,13 +40,26 @@ def op_spawn(req):
     env.update(_identity["env"])
     env.update(req.get("env") or {})
     cwd = req.get("cwd") or _home_or_root(env)
+    # Cgroups of its own, kept for the sandbox's life (the root ones are the agent's: jail.py).
+    mark = "ROLLBOX_MAIN=%d" % next(_mains)
+    cg = jail.create(0, mark)
     try:
         extra = _user_kwargs(req.get("user"))
         with open(req.get("log") or "/dev/null", "ab") as out:
             with _children_lock:
-                proc = subprocess.Popen(req["argv"], stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=cwd,
-                                        env=env, start_new_session=True, restore_signals=True, **extra)
+                if cg:
+                    jail.enter(cg)
+                else:
+                    jail.note_unjailed()
+                try:
+                    proc = subprocess.Popen(req["argv"], stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=cwd,
+                                            env=env, start_new_session=True, restore_signals=True, **extra)
+                finally:
+                    if cg:
+                        jail.enter(None)
     except OSError as e:
+        if cg:
+            jail.release(cg, mark)
         raise ValueError("cannot start %r: %s" % (req["argv"][:1], e))
     return {"pid": proc.pid}
 

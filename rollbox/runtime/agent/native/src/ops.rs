@@ -538,8 +538,27 @@ pub fn op_spawn(a: &Agent, req: &Value) -> OpResult {
         stderr: out.as_raw_fd(),
         creds: p.creds,
     };
-    let (pid, _) = a.reaper.start(false, || proc::launch(&launch))
-        .map_err(|e| OpError::invalid(format!("cannot start ['{}']: {}", what, OpError::io(e, b"").message)))?;
+    // Cgroups of its own, kept for the sandbox's life (the root ones are the agent's: jail.rs);
+    // not a returned exec's, so nothing reaps its processes as a bomb's leftovers.
+    static MAINS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let mark = format!("ROLLBOX_MAIN={}", MAINS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)).into_bytes();
+    let jail = jail::Jail::create(0, &mark);
+    let started = a.reaper.start(false, || match &jail {
+        Some(j) => j.spawn_inside(|| proc::launch(&launch)),
+        None => {
+            jail::note_unjailed();
+            proc::launch(&launch)
+        }
+    });
+    let (pid, _) = match started {
+        Ok(s) => s,
+        Err(e) => {
+            if let Some(j) = jail {
+                j.release(&mark);
+            }
+            return Err(OpError::invalid(format!("cannot start ['{}']: {}", what, OpError::io(e, b"").message)));
+        }
+    };
     Ok(Obj::new().with("pid", Value::from(pid as i64)))
 }
 
