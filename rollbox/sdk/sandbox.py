@@ -14,6 +14,7 @@ import contextlib
 import os
 import re
 import stat
+import sys
 import threading
 from dataclasses import dataclass, field
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from ..client.default import default_client as default_client  # re-exported for
 from ..client.transport import Client
 from ..types import ExecResult, FileEntry, SandboxInfo
 from ._aio import cleaning, synchronized
-from .image import Image
+from .image import BUILD_NOTICE_S, DEBIAN_IMAGE_ID, Image
 from .process import SandboxProcesses
 from .volume import Volume
 
@@ -157,14 +158,27 @@ class Sandbox:
         self._check_types()
         c = self._client()
         image_id = await self.image.resolve.aio(c)
-        info = _info(await c.aio.request("POST", "/sandboxes", json={
+        # The daemon builds the Debian base on the first create of a state directory (minutes,
+        # debootstrap): say so when the wait is long instead of a silent one.
+        notice = threading.Timer(BUILD_NOTICE_S, lambda: print(
+            "rollbox: still starting the sandbox (the first one in a state directory builds the Debian base "
+            "image: a few minutes, once)...", file=sys.stderr, flush=True)) if image_id == DEBIAN_IMAGE_ID else None
+        if notice is not None:
+            notice.daemon = True
+            notice.start()
+        try:
+            body = await c.aio.request("POST", "/sandboxes", json={
             "image_id": image_id, "cpu": self.cpu, "memory": self.memory, "env": self.env,
             "keep_warm_seconds": self.keep_warm_seconds, "volumes": [v.to_wire() for v in self.volumes],
             "tags": self.tags, "ports": list(self.ports), "block_network": self.block_network,
             "allow_list": None if self.allow_list is None else list(self.allow_list),
             "entrypoint": self.entrypoint, "gpu": self.gpu, "gpu_count": self.gpu_count,
             "docker_enabled": self.docker_enabled, "disk": self.disk, "runtime": self.runtime, "pids": self.pids,
-            "auto_pause_seconds": self.auto_pause_seconds}))
+            "auto_pause_seconds": self.auto_pause_seconds})
+        finally:
+            if notice is not None:
+                notice.cancel()
+        info = _info(body)
         return SandboxInstance(info.sandbox_id, c, info)
 
     @cleaning(lambda sb: sb.terminate.aio())
