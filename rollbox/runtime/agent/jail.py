@@ -51,19 +51,27 @@ def _parent(pid):
         return None
 
 
-def kill_escaped():
+_my_ns = []  # this process's PID namespace link, read once
+
+
+def kill_escaped(all_roots=True):
     """SIGKILLs the processes of the agent's PID namespace in a hierarchy's root cgroup that are
     neither the agent nor exempt (nor descended from an exempt one): commands that moved
-    themselves out of their exec's cgroups through the agent's descriptors (jail.rs)."""
+    themselves out of their exec's cgroups through the agent's descriptors (jail.rs).
+    all_roots: the memory hierarchy's root too, not only the pids one (jail.rs says why)."""
     if _unjailed[0] or "pids" not in _fds:
         return 0
     me = os.getpid()
-    try:
-        my_ns = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return 0
+    if not _my_ns:
+        try:
+            _my_ns.append(os.readlink("/proc/self/ns/pid"))
+        except OSError:
+            return 0
+    my_ns = _my_ns[0]
     killed = 0
-    for c in list(_fds):
+    for c in ["pids", "memory"] if all_roots else ["pids"]:
+        if c not in _fds:
+            continue
         for pid in _read_pids(_path(c, "cgroup.procs")):
             if pid == me or pid in _exempt:
                 continue
@@ -297,9 +305,11 @@ def watch(limit_bytes, pids_max):
         return
     full = {}  # type: ignore[var-annotated]
     poll = POLL_S
+    looks = 0
     while True:
         time.sleep(poll)
-        kill_escaped()
+        looks += 1
+        kill_escaped(looks % 10 == 0)
         if pids_max:
             note_peaks()
             _reap_bombs(pids_max, full)

@@ -75,17 +75,24 @@ fn parent_of(pid: sys::pid_t) -> Option<sys::pid_t> {
 
 /// SIGKILLs the processes of the agent's PID namespace found in a hierarchy's root cgroup
 /// that are neither the agent nor exempt (nor descended from an exempt one): commands that
-/// left their exec's cgroups through the agent's descriptors. Returns how many.
-pub fn kill_escaped() -> usize {
+/// left their exec's cgroups through the agent's descriptors. Returns how many. `all`: the
+/// memory hierarchy's root too (the caller asks every few looks: each read is syscalls an idle
+/// ptrace sandbox pays for; leaving the pids cgroup is what escapes a timeout).
+pub fn kill_escaped(all: bool) -> usize {
+    static MY_NS: OnceLock<Option<std::path::PathBuf>> = OnceLock::new();
     let h = match hier() { Some(h) if !UNJAILED.load(Ordering::Relaxed) => h, _ => return 0 };
     let me = unsafe { sys::getpid() };
-    let my_ns = fs::read_link("/proc/self/ns/pid").ok();
-    let exempt = exempted().lock().unwrap().clone();
+    let my_ns = MY_NS.get_or_init(|| fs::read_link("/proc/self/ns/pid").ok());
     let mut killed = 0;
-    for d in dirs(h) {
-        for pid in read_pids(d, "cgroup.procs") {
-            if pid == me || exempt.contains(&pid) || fs::read_link(format!("/proc/{}/ns/pid", pid)).ok() != my_ns {
-                continue; // the agent, the zygote, an episode container's process (own PID namespace)
+    for d in dirs(h).take(if all { 2 } else { 1 }) {
+        let pids: Vec<sys::pid_t> = read_pids(d, "cgroup.procs").into_iter().filter(|&p| p != me).collect();
+        if pids.is_empty() {
+            continue;
+        }
+        let exempt = exempted().lock().unwrap().clone();
+        for pid in pids {
+            if exempt.contains(&pid) || &fs::read_link(format!("/proc/{}/ns/pid", pid)).ok() != my_ns {
+                continue; // the zygote, an episode container's process (own PID namespace)
             }
             let (mut up, mut hops) = (parent_of(pid), 0);
             while let Some(p) = up.filter(|&p| p > 1 && hops < 64) {
