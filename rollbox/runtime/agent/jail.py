@@ -51,7 +51,7 @@ def _parent(pid):
         return None
 
 
-_my_ns = []  # this process's PID namespace link, read once
+_my_ns = []  # type: ignore[var-annotated]  # this process's PID namespace link, read once
 
 
 def kill_escaped(all_roots=True):
