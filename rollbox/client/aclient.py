@@ -294,7 +294,10 @@ class AsyncClient:
             raise self._not_text(path) from None
         if params:
             pairs = [(k, _param(x)) for k, v in params.items() for x in (v if isinstance(v, (list, tuple)) else [v])]
-            target += b"?" + urllib.parse.urlencode(pairs).encode("ascii")
+            try:
+                target += b"?" + urllib.parse.urlencode(pairs).encode("ascii")
+            except UnicodeEncodeError:
+                raise errors.InvalidArgument(f"a query parameter of {path!r} is not valid UTF-8") from None
         url = httpcore.URL(scheme=b"http", host=b"rollbox", port=None, target=target)
         headers = list(self._raw_headers)
         if content is not None:

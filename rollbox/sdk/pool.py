@@ -268,6 +268,9 @@ class SandboxPool:
         task = asyncio.ensure_future(go())
         self._teardowns.add(task)
         task.add_done_callback(self._teardowns.discard)
+        # A script that returns right after `map` (no close()) still ends its last episodes'
+        # sandboxes or containers before the interpreter goes: the exit drain waits for these.
+        PORTAL.track(task)
 
     def attempt(self, fn: EpisodeFn, task: Any, timeout: float | None) -> AttemptOutcome:
         """One episode attempt on one fresh sandbox, classified as `map` classifies it (the

@@ -110,6 +110,10 @@ class Checkpoints:
                             "sandbox %s: checkpoint with its agent channel not quiesced (%s): a file "
                             "transfer in flight may garble it", sandbox_id, how)
                 res = await ctx.runsc.checkpoint(container_id(sandbox_id), ck, leave_running=leave_running)
+                if res.returncode == 0:
+                    # Still quiesced: no upload of the daemon's adds or renames a file meanwhile
+                    # (a streamed upload's temporary vanished under `cp`: an untyped error).
+                    await asyncio.to_thread(copy_tree, ctx.upper_dir(sandbox_id), ctx.snapshots.upper_dir(sid))
             if res.returncode != 0:
                 detail = res.stderr.decode(errors="replace").strip()[-800:]
                 if disk_full(ck):
@@ -117,7 +121,6 @@ class Checkpoints:
                                                    f"under {ctx.paths.snapshots}", sandbox_id=sandbox_id)
                 raise errors.SandboxLost(f"checkpointing sandbox {sandbox_id} failed: {detail}",
                                          sandbox_id=sandbox_id)
-            await asyncio.to_thread(copy_tree, ctx.upper_dir(sandbox_id), ctx.snapshots.upper_dir(sid))
             own = ctx.sandbox_dir(sandbox_id) / "agent"  # absent for a sandbox started before pinning
             agentdir.link_into(own if own.is_dir() else AGENT_DIR, d / "agent")
             ctx.snapshots.write_meta(SnapshotMeta(sid, sandbox_id, lv.image_id, lv.cpu, lv.memory_mib, lv.env,

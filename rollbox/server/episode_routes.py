@@ -75,7 +75,9 @@ def add_episode_routes(app: FastAPI, service: "SandboxService", exec_model: type
     @app.post("/episode-pools/{pool_id}/containers")
     async def begin(pool_id: str, body: BeginEpisode) -> dict[str, Any]:
         if body.end:
-            await pools.end_many(pool_id, [(e.container_id, e.status) for e in body.end])
+            # Beside the begin, not before it: a slow destroy (a stalled pooled sandbox) must not
+            # hold up a new container elsewhere; a begin waiting for a slot is woken by the end.
+            service.spawn(pools.end_many(pool_id, [(e.container_id, e.status) for e in body.end]))
         # "ended": the client knows its ends were taken (an older daemon ignores the field).
         return {**await pools.begin(pool_id, env=body.env), "ended": len(body.end)}
 

@@ -203,6 +203,8 @@ def test_json_requests_decode_the_same_on_the_direct_and_the_httpx_path(tmp_path
             c.request("POST", "/strict", params={"n": "x"})
         with pytest.raises(errors.InvalidArgument, match="not valid UTF-8"):
             c.request("GET", "/echo/\udcff")
+        with pytest.raises(errors.InvalidArgument):
+            c.request("GET", "/echo/x", params={"path": "\udcff"})
     finally:
         c.close()
         stub.stop()
