@@ -103,8 +103,17 @@ class EpisodePoolClient:
         """`begin`, awaitable (on the SDK's event loop). Carries the ends queued by `aend`."""
         ends, self._ends = self._ends, []
         body: dict[str, Any] = {"end": [e for e, _f in ends]} if ends else {}
+        request = asyncio.ensure_future(
+            self.client.aio.request("POST", f"/episode-pools/{self.pool_id}/containers", json=body))
         try:
-            r = await self.client.aio.request("POST", f"/episode-pools/{self.pool_id}/containers", json=body)
+            r = await asyncio.shield(request)
+        except asyncio.CancelledError:
+            # Cancelled while the daemon may still make the container (leaving `map` early):
+            # end whatever it makes, or its slot stays taken for the life of the pool.
+            PORTAL.track(asyncio.ensure_future(self._end_when_made(request)))
+            self._ends[:0] = ends
+            self._schedule_flush()
+            raise
         except BaseException:
             # The ends may not have reached the daemon: they go again (ending twice is harmless).
             self._ends[:0] = ends
@@ -119,6 +128,13 @@ class EpisodePoolClient:
                 if not fut.done():
                     fut.set_result(None)
         return ContainerInstance(str(r["sandbox_id"]), str(r["container_id"]), self)
+
+    async def _end_when_made(self, request: "asyncio.Future[Any]") -> None:
+        try:
+            r = await request
+        except errors.RollboxError:
+            return
+        await self.aend(str(r["container_id"]), "ok")
 
     def end(self, container_id: str, status: str) -> None:
         """Destroys the container; `status` (the episode's) tells the daemon whether to retire

@@ -279,3 +279,43 @@ def test_an_end_queued_while_a_flush_is_sending_is_sent_too() -> None:
     finally:
         pool.close()
         client.close()
+
+
+def test_a_begin_cancelled_in_flight_ends_the_container_the_daemon_still_makes() -> None:
+    """Leaving `map` early cancels starting episodes: the daemon still makes their containers,
+    and each must be ended, or its slot stays taken for the life of the pool (a later begin
+    then waited 120 s for ResourceExhausted)."""
+    import httpx
+
+    from rollbox.client.portal import PORTAL
+    from rollbox.client.transport import Client
+    from rollbox.sdk import containers
+
+    deleted: list[str] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/episode-pools":
+            return httpx.Response(200, json={"pool_id": "ep-1"})
+        if request.method == "POST" and request.url.path.endswith("/containers"):
+            await asyncio.sleep(0.3)
+            return httpx.Response(200, json={"sandbox_id": "sb-1", "container_id": "ct-late", "ended": 0})
+        if request.method == "DELETE":
+            deleted.append(request.url.path.rsplit("/", 1)[-1])
+        return httpx.Response(200, json={"ok": True})
+
+    client = Client("http://rollbox.test", transport=httpx.MockTransport(handler), autostart=False)
+    pool = containers.EpisodePoolClient(client, "sn-x", max_concurrency=1)
+
+    async def go() -> None:
+        begin = asyncio.ensure_future(pool.abegin())
+        await asyncio.sleep(0.05)
+        begin.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await begin
+        await asyncio.sleep(0.6)
+    try:
+        PORTAL.run(go())
+        assert deleted == ["ct-late"]
+    finally:
+        pool.close()
+        client.close()
