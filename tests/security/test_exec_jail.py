@@ -67,7 +67,8 @@ def test_timeout_kills_a_setsid_env_cleared_descendant_gh19(agent_sandbox: Sandb
 
 # Moves the shell into each hierarchy's root cgroup through the agent's descriptors (gVisor
 # lets root open /proc/1/fd/N of the non-dumpable agent), then leaves a detached sleeper there.
-LEAVE_THE_CGROUP = ("for f in /proc/1/fd/*; do [ -e $f/cgroup.procs ] && echo $$ > $f/cgroup.procs; done; "
+LEAVE = "for f in /proc/1/fd/*; do [ -e $f/cgroup.procs ] && echo $$ > $f/cgroup.procs; done; "
+LEAVE_THE_CGROUP = (LEAVE +
                     "grep -c . /proc/self/cgroup; setsid env -i sh -c 'sleep 1000' & sleep 0.2; echo left")
 
 
@@ -85,6 +86,21 @@ def test_a_command_that_leaves_its_cgroup_is_killed_gh19(agent_sandbox: SandboxI
     assert r.exit_code in (0, 137), r
     assert sb.exec("sh", "-c", "sleep 1 & wait; echo ok", timeout=20).stdout == b"ok\n"
     assert sb.info().state == "running"
+
+
+def test_a_command_in_a_pid_namespace_of_its_own_does_not_outlive_its_timeout_gh19(
+        agent_sandbox: SandboxInstance) -> None:
+    """`unshare -Urpf` (a user + PID namespace, which commands may make) and a move into the
+    root cgroups: a process there under another PID namespace, as an episode container's
+    processes are; only those the zygote made are spared."""
+    sb = agent_sandbox
+    r = sb.exec("sh", "-c", "unshare -Urpf setsid env -i /bin/sh -c '" + LEAVE + "exec sleep 1000' & "
+                "sleep 0.5; kill -9 $!; sleep 1000", timeout=3)
+    assert r.timed_out, r
+    deadline = time.monotonic() + 5
+    while _sleepers(sb) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _sleepers(sb) == 0, r
 
 
 def test_commands_cannot_see_the_cgroup_mounts(sandbox: SandboxInstance) -> None:

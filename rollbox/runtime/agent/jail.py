@@ -54,6 +54,23 @@ def _parent(pid):
 _my_ns = []  # type: ignore[var-annotated]  # this process's PID namespace link, read once
 
 
+_ns_verdicts = {}  # type: ignore[var-annotated]  # foreign PID namespace link -> descends from the zygote
+
+
+def _descends(pid):
+    """Whether `pid` descends from an exempt process; None when one of the chain ended."""
+    p = pid
+    for _ in range(64):
+        p = _parent(p)
+        if p is None:
+            return None
+        if p in _exempt:
+            return True
+        if p <= 1:
+            return False
+    return False
+
+
 def kill_escaped(all_roots=True):
     """SIGKILLs the processes of the agent's PID namespace in a hierarchy's root cgroup that are
     neither the agent nor exempt (nor descended from an exempt one): commands that moved
@@ -76,14 +93,22 @@ def kill_escaped(all_roots=True):
             if pid == me or pid in _exempt:
                 continue
             try:
-                if os.readlink("/proc/%d/ns/pid" % pid) != my_ns:
-                    continue  # an episode container's process (a PID namespace of its own)
+                ns = os.readlink("/proc/%d/ns/pid" % pid)
             except OSError:
-                continue
-            up, hops = _parent(pid), 0
-            while up is not None and up > 1 and up not in _exempt and hops < 64:
-                up, hops = _parent(up), hops + 1
-            if up in _exempt:
+                continue  # it ended
+            if ns != my_ns:
+                # A PID namespace of its own: an episode container's (the zygote made it) is
+                # spared, one a command made (`unshare -Urpf`) is not. One walk per namespace.
+                if len(_ns_verdicts) > 4096:
+                    _ns_verdicts.clear()
+                if ns not in _ns_verdicts:
+                    v = _descends(pid)
+                    if v is None:
+                        continue
+                    _ns_verdicts[ns] = v
+                if _ns_verdicts[ns]:
+                    continue
+            elif _descends(pid) is not False:
                 continue
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -52,6 +52,9 @@ static EXEMPT: OnceLock<Mutex<Vec<sys::pid_t>>> = OnceLock::new();
 /// sandbox whose commands may move processes themselves): nothing then tells such a process
 /// from an escaped one, so `kill_escaped` stops.
 static UNJAILED: AtomicBool = AtomicBool::new(false);
+/// PID namespaces other than the agent's, by their link, to whether their processes descend
+/// from the zygote (episode containers: spared) or not (a command's own: escaped).
+static NS_VERDICTS: OnceLock<Mutex<HashMap<std::path::PathBuf, bool>>> = OnceLock::new();
 
 fn exempted() -> &'static Mutex<Vec<sys::pid_t>> {
     EXEMPT.get_or_init(|| Mutex::new(Vec::new()))
@@ -90,19 +93,48 @@ pub fn kill_escaped(all: bool) -> usize {
             continue;
         }
         let exempt = exempted().lock().unwrap().clone();
-        for pid in pids {
-            if exempt.contains(&pid) || &fs::read_link(format!("/proc/{}/ns/pid", pid)).ok() != my_ns {
-                continue; // the zygote, an episode container's process (own PID namespace)
-            }
-            let (mut up, mut hops) = (parent_of(pid), 0);
-            while let Some(p) = up.filter(|&p| p > 1 && hops < 64) {
+        // Some(whether `pid` descends from an exempt process); None when a process of the
+        // chain ended meanwhile (no verdict then: nothing is killed or remembered).
+        let descends = |pid: sys::pid_t| -> Option<bool> {
+            let mut p = pid;
+            for _ in 0..64 {
+                p = parent_of(p)?;
                 if exempt.contains(&p) {
-                    break;
+                    return Some(true);
                 }
-                up = parent_of(p);
-                hops += 1;
+                if p <= 1 {
+                    return Some(false);
+                }
             }
-            if up.map(|p| exempt.contains(&p)).unwrap_or(false) {
+            Some(false)
+        };
+        for pid in pids {
+            if exempt.contains(&pid) {
+                continue; // the zygote
+            }
+            let ns = fs::read_link(format!("/proc/{}/ns/pid", pid)).ok();
+            if &ns != my_ns {
+                // A PID namespace of its own: an episode container's (the zygote made it) is
+                // spared, one a command made (`unshare -Urpf`) is not. One walk per namespace.
+                let mut verdicts = NS_VERDICTS.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap();
+                if verdicts.len() > 4096 {
+                    verdicts.clear();
+                }
+                let key = match ns { Some(ns) => ns, None => continue }; // it ended
+                let spared = match verdicts.get(&key) {
+                    Some(&v) => v,
+                    None => match descends(pid) {
+                        Some(v) => {
+                            verdicts.insert(key, v);
+                            v
+                        }
+                        None => continue,
+                    },
+                };
+                if spared {
+                    continue;
+                }
+            } else if descends(pid) != Some(false) {
                 continue;
             }
             unsafe { sys::kill(pid, sys::SIGKILL) };
