@@ -201,6 +201,21 @@ def test_python_commands_behave_as_a_fresh_interpreter_gh15(one_sandbox_pool: Ep
         one_sandbox_pool.end(c.container_id, "ok")
 
 
+def test_background_process_outlives_later_python_commands_gh15(one_sandbox_pool: EpisodePoolClient) -> None:
+    """A server started in the background by the episode's first command keeps running when
+    the next command is a Python one (which would otherwise run in place, in the init, and end
+    the container's processes with it); found by the break-it trial."""
+    c = one_sandbox_pool.begin()
+    try:
+        assert c.exec("sh", "-c", "sleep 1001 >/dev/null 2>&1 &").exit_code == 0
+        assert c.exec("python3", "-c", "print('py')").stdout == b"py\n"
+        assert "sleep 1001" in sh(c, "ps -eo args")
+        assert c.exec("python3", "-c", "print('again')").stdout == b"again\n"
+        assert "sleep 1001" in sh(c, "ps -eo args")
+    finally:
+        one_sandbox_pool.end(c.container_id, "ok")
+
+
 def _hostile(sb, kind):  # type: ignore[no-untyped-def]
     scripts = {
         "ok": "print('fine')",

@@ -174,8 +174,12 @@ class Zygote(inits.Inits):
             if cmd is not None and not os.path.isdir(c.root + "/" + str(cwd).lstrip("/")):
                 cmd = None  # the init reports a missing working directory as exec does
         if cmd is None:
+            self.send_to_init(c, frame, req=req)
+            # After the send: it makes the init when there is none, and a new init has started
+            # nothing. What this command leaves running (`sh -c 'server &'`) must outlive the
+            # next Python command, which therefore may not run in place (its end ends the init).
             c.spawned = True
-            return self.send_to_init(c, frame, req=req)
+            return None
         in_r = in_w = None
         if req.get("stdin") is not None:
             in_r, in_w = os.pipe()
