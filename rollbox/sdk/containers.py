@@ -76,7 +76,9 @@ class EpisodePoolClient:
                                 "lease_s": lease_s}
         if episodes_per_sandbox is not None:
             body["episodes_per_sandbox"] = episodes_per_sandbox
+        self._body = body
         self.pool_id = str(client.request("POST", "/episode-pools", json=body)["pool_id"])
+        self._reopening: asyncio.Future[None] | None = None
         # Ends not yet sent, with the futures their `aend` callers wait on (SDK loop only).
         self._ends: list[tuple[dict[str, str], asyncio.Future[None]]] = []
         self._flush_pending = False
@@ -89,10 +91,10 @@ class EpisodePoolClient:
         while not self._closed.wait(every_s):
             try:
                 self.client.request("PUT", f"/episode-pools/{self.pool_id}/heartbeat")
-            except errors.EpisodePoolNotFound:
-                return
             except errors.RollboxError:
-                continue  # a restarting daemon: the next beat may get through
+                # A restarting daemon, or one that restarted and forgot the pool (the next
+                # begin opens it again, and this loop beats for the new id).
+                continue
 
     def begin(self) -> ContainerInstance:
         """A fresh container (waits for a free slot). Raises SandboxLost (retryable) or
@@ -100,7 +102,41 @@ class EpisodePoolClient:
         return PORTAL.run(self.abegin())
 
     async def abegin(self) -> ContainerInstance:
-        """`begin`, awaitable (on the SDK's event loop). Carries the ends queued by `aend`."""
+        """`begin`, awaitable (on the SDK's event loop). Carries the ends queued by `aend`.
+
+        A daemon that restarted has forgotten its episode pools (their sandboxes ended with
+        it; the snapshot is on disk): the pool is opened again, once per restart, with the
+        same arguments and the begin retried, instead of every later episode failing with
+        EpisodePoolNotFound. Raises EpisodePoolNotFound after `close()`."""
+        pool_id = self.pool_id
+        try:
+            return await self._abegin()
+        except errors.EpisodePoolNotFound:
+            if self._closed.is_set():
+                raise
+        await self._reopen(pool_id)
+        return await self._abegin()
+
+    async def _reopen(self, stale_id: str) -> None:
+        """Opens the pool again unless another begin already did (or is doing) it."""
+        while self._reopening is not None:
+            await asyncio.shield(self._reopening)
+        if self.pool_id != stale_id:
+            return
+        self._reopening = asyncio.get_running_loop().create_future()
+        try:
+            r = await self.client.aio.request("POST", "/episode-pools", json=self._body)
+            self.pool_id = str(r["pool_id"])
+            # Ends queued for the forgotten pool's containers: those went with its sandboxes.
+            ends, self._ends = self._ends, []
+            for _e, fut in ends:
+                if not fut.done():
+                    fut.set_result(None)
+        finally:
+            self._reopening.set_result(None)
+            self._reopening = None
+
+    async def _abegin(self) -> ContainerInstance:
         ends, self._ends = self._ends, []
         body: dict[str, Any] = {"end": [e for e, _f in ends]} if ends else {}
         request = asyncio.ensure_future(

@@ -60,6 +60,10 @@ def add_episode_routes(app: FastAPI, service: "SandboxService", exec_model: type
                           episodes_per_sandbox=body.episodes_per_sandbox, keep_warm_seconds=body.keep_warm_seconds,
                           root_mib=body.root_mib, tags=body.tags, lease_s=body.lease_s)
 
+    @app.get("/episode-pools")
+    async def list_pools() -> list[dict[str, Any]]:
+        return pools.list()
+
     @app.put("/episode-pools/{pool_id}/heartbeat")
     async def heartbeat(pool_id: str) -> dict[str, Any]:
         return pools.heartbeat(pool_id)

@@ -159,8 +159,14 @@ class EpisodePools:
                                 "closing it", pid, now - pool.last_seen)
                     await self.close(pid)
 
+    def list(self) -> list[dict[str, Any]]:
+        """Every open pool, as `describe` gives it (listing renews no lease)."""
+        return [self._describe(p) for p in self.pools.values() if not p.closed]
+
     def describe(self, pool_id: str) -> dict[str, Any]:
-        pool = self._pool(pool_id)
+        return self._describe(self._pool(pool_id))
+
+    def _describe(self, pool: EpisodePool) -> dict[str, Any]:
         return {"pool_id": pool.pool_id, "snapshot_id": pool.snapshot_id, "max_sandboxes": pool.max_sandboxes,
                 "containers_per_sandbox": pool.containers_per_sandbox,
                 "episodes_per_sandbox": pool.episodes_per_sandbox, "episodes": pool.episodes,

@@ -270,6 +270,8 @@ def test_abandoned_pool_is_closed_when_its_lease_expires_gh19(snapshot_id: str) 
     pool = client.request("POST", "/episode-pools", json={"snapshot_id": snapshot_id, "max_concurrency": 1,
                                                            "lease_s": 2})["pool_id"]
     got = client.request("POST", f"/episode-pools/{pool}/containers", json={})
+    listed = {p["pool_id"]: p for p in client.request("GET", "/episode-pools")}
+    assert listed[pool]["sandboxes"][0]["sandbox_id"] == got["sandbox_id"]
     # No heartbeat from here on, as from a trainer that died mid-episode.
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -281,6 +283,7 @@ def test_abandoned_pool_is_closed_when_its_lease_expires_gh19(snapshot_id: str) 
         pytest.fail("the abandoned pool's sandbox was still running 20 s after its 2 s lease")
     with pytest.raises(errors.EpisodePoolNotFound):
         client.request("PUT", f"/episode-pools/{pool}/heartbeat")
+    assert pool not in {p["pool_id"] for p in client.request("GET", "/episode-pools")}
 
 
 def test_heartbeats_keep_a_quiet_pool_open_gh19(snapshot_id: str) -> None:

@@ -157,3 +157,24 @@ def test_streamed_files_and_output_followers_reach_the_restarted_daemon(paths) -
         assert sb.fs.read_file("/work/b") == b"after"
     finally:
         sb.terminate()
+
+
+def test_a_container_pool_goes_on_after_a_daemon_crash_gh19(paths) -> None:  # type: ignore[no-untyped-def]
+    """A restarted daemon has forgotten its episode pools: the SandboxPool opens its pool again
+    instead of failing every later episode with EpisodePoolNotFound (break-it finding)."""
+    sb = Sandbox(memory=256).create()
+    try:
+        snap = sb.snapshot_memory()
+    finally:
+        sb.terminate()
+    try:
+        def ep(box, i):  # type: ignore[no-untyped-def]
+            return float(box.exec("echo", str(i)).stdout == f"{i}\n".encode())
+
+        with rollbox.SandboxPool(snap, isolation="container", max_concurrency=2) as pool:
+            assert [r.status for r in pool.map(ep, range(4), retries=0)] == ["ok"] * 4
+            _kill_daemon(paths)
+            res = list(pool.map(ep, range(6), retries=0))
+            assert [(r.status, r.reward) for r in res] == [("ok", 1.0)] * 6, [r.error for r in res]
+    finally:
+        default_client().request("DELETE", f"/snapshots/{snap}")
