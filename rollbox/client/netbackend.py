@@ -14,7 +14,6 @@ import typing
 from typing import Any
 
 import httpcore
-from httpcore._utils import is_socket_readable
 
 
 class _Stream(httpcore.AsyncNetworkStream):
@@ -59,8 +58,11 @@ class _Stream(httpcore.AsyncNetworkStream):
     def get_extra_info(self, info: str) -> Any:
         sock = self._writer.get_extra_info("socket")
         if info == "is_readable":  # an idle connection the daemon closed: not reused
-            return self._reader.at_eof() or len(self._reader._buffer) > 0 or (  # type: ignore[attr-defined]
-                sock is not None and is_socket_readable(sock))
+            # No poll(2) of the socket: it stays registered with the loop, which has read the
+            # daemon's EOF by the time a request looks here. httpcore asks this of every idle
+            # connection twice per request (its pool's bookkeeping): with dozens open, the polls
+            # were the biggest share of the SDK's CPU per request (sampled in `SandboxPool.map`).
+            return self._reader.at_eof() or len(self._reader._buffer) > 0  # type: ignore[attr-defined]
         if info == "socket":
             return sock
         if info == "client_addr":

@@ -62,7 +62,7 @@ def add_episode_routes(app: FastAPI, service: "SandboxService", exec_model: type
 
     @app.get("/episode-pools")
     async def list_pools() -> list[dict[str, Any]]:
-        return pools.list()
+        return pools.listing()
 
     @app.put("/episode-pools/{pool_id}/heartbeat")
     async def heartbeat(pool_id: str) -> dict[str, Any]:

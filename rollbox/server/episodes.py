@@ -159,7 +159,7 @@ class EpisodePools:
                                 "closing it", pid, now - pool.last_seen)
                     await self.close(pid)
 
-    def list(self) -> list[dict[str, Any]]:
+    def listing(self) -> list[dict[str, Any]]:
         """Every open pool, as `describe` gives it (listing renews no lease)."""
         return [self._describe(p) for p in self.pools.values() if not p.closed]
 
