@@ -103,6 +103,33 @@ def test_a_command_in_a_pid_namespace_of_its_own_does_not_outlive_its_timeout_gh
     assert _sleepers(sb) == 0, r
 
 
+# Makes a cgroup of its own in each hierarchy through the agent's descriptors (at the root, or
+# inside its own exec's cgroup) and moves the shell there before leaving a detached sleeper.
+HIDE_AT_ROOT = "for f in /proc/1/fd/*; do [ -e $f/cgroup.procs ] && mkdir $f/hide && echo $$ > $f/hide/cgroup.procs; done; "
+HIDE_INSIDE = ("for f in /proc/1/fd/*; do [ -e $f/cgroup.procs ] || continue; "
+               "for d in $f/x*; do grep -qx $$ $d/cgroup.procs 2>/dev/null && mkdir $d/sub && echo $$ > $d/sub/cgroup.procs; done; done; ")
+
+
+@pytest.mark.parametrize("hide", [HIDE_AT_ROOT, HIDE_INSIDE], ids=["root", "inside"])
+def test_a_command_in_a_cgroup_it_made_does_not_outlive_its_timeout_gh19(
+        agent_sandbox: SandboxInstance, hide: str) -> None:
+    """A command that makes a cgroup of its own (`mkdir` through the agent's descriptors) and
+    moves into it: at the root it is foreign and killed by the watcher (within a second); inside
+    its exec's cgroup it belongs to that exec and dies with its timeout. Either way the made
+    cgroup is removed and the sandbox goes on."""
+    sb = agent_sandbox
+    t0 = time.monotonic()
+    r = sb.exec("sh", "-c", "setsid env -i /bin/sh -c '" + hide + "echo moved; exec sleep 1000' & sleep 1000",
+                timeout=3)
+    assert r.timed_out and time.monotonic() - t0 < 6, r
+    deadline = time.monotonic() + 5
+    while _sleepers(sb) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _sleepers(sb) == 0, r
+    assert b"moved" in r.stdout, r  # the move itself worked: the test would catch an escape
+    assert sb.exec("sh", "-c", "sleep 1 & wait; echo ok", timeout=20).stdout == b"ok\n"
+
+
 def test_commands_cannot_see_the_cgroup_mounts(sandbox: SandboxInstance) -> None:
     r = sandbox.exec("sh", "-c", "grep -c cgroup /proc/mounts; ls -a /dev | grep -c rollbox-cg")
     assert r.stdout.split() == [b"0", b"0"], r

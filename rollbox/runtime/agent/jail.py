@@ -3,7 +3,8 @@ native/src/jail.rs and memwatch.rs (read jail.rs for the measurements and the wh
 
 Each exec's processes live in their own pids and memory cgroups, which `setsid`, `env -i` and
 double forks cannot leave (one that moves itself to a root cgroup through the agent's
-descriptors is killed by the watcher: `kill_escaped`); the hierarchies are mounted at start, opened and detached, so no
+descriptors, or into a cgroup of its own it made there, is killed by the watcher:
+`kill_escaped`; a child cgroup made inside its own exec's belongs to that exec); the hierarchies are mounted at start, opened and detached, so no
 command finds them in its mount table. The watcher SIGKILLs the exec whose cgroup holds the
 most memory once the sandbox's processes reach the user's limit (ROLLBOX_MEMORY_MIB); the host
 cgroup's limit, above it, is the last line of defence. Standard library only.
@@ -28,6 +29,7 @@ _stale: list = []  # cgroups of returned execs that still had processes  # type:
 _oom: set = set()  # cgroups the watcher killed  # type: ignore[type-arg]
 _peak: dict = {}  # running exec's cgroup -> most tasks the watcher saw (a bomb's sign)  # type: ignore[type-arg]
 _exempt: set = set()  # pids in the root cgroups by design (the zygote)  # type: ignore[type-arg]
+_made: set = set()  # cgroups the agent made, named before they exist  # type: ignore[type-arg]
 _unjailed = [False]  # something started outside the exec cgroups: escapees not told apart
 
 
@@ -89,6 +91,8 @@ def kill_escaped(all_roots=True):
     for c in ["pids", "memory"] if all_roots else ["pids"]:
         if c not in _fds:
             continue
+        if all_roots:
+            killed += _kill_foreign(c, me)
         for pid in _read_pids(_path(c, "cgroup.procs")):
             if pid == me or pid in _exempt:
                 continue
@@ -184,9 +188,13 @@ def create(pids_max, mark):
         return None
     sweep()
     name = "x%d" % next(_next)
+    with _lock:
+        _made.add(name)
     try:
         os.mkdir(_path("pids", name))
     except OSError:
+        with _lock:
+            _made.discard(name)
         return None
     if "memory" in _fds:
         try:
@@ -208,21 +216,71 @@ def enter(name):
         _write(_path(c, (name + "/tasks") if name else "tasks"), tid)
 
 
+def _subtree(c, rel):
+    """Cgroup `rel` of hierarchy `c` and the cgroups under it, each child before its parent
+    (the order rmdir needs); at most 4096."""
+    out, todo = [], [rel]
+    while todo and len(out) < 4096:
+        r = todo.pop()
+        try:
+            with os.scandir(_path(c, r)) as it:
+                todo.extend(r + "/" + e.name for e in it if e.is_dir(follow_symlinks=False))
+        except OSError:
+            pass
+        out.append(r)
+    out.reverse()
+    return out
+
+
+def _rmdirs(c, rel):
+    for r in _subtree(c, rel):
+        try:
+            os.rmdir(_path(c, r))
+        except OSError:
+            pass
+
+
 def _remove(name):
     if "pids" not in _fds:
         return True
-    try:
-        os.rmdir(_path("pids", name))
-    except FileNotFoundError:
-        pass
-    except OSError:
+    _rmdirs("pids", name)  # child cgroups a command made first
+    if os.path.exists(_path("pids", name)):
         return False
     if "memory" in _fds:
-        try:
-            os.rmdir(_path("memory", name))
-        except OSError:
-            pass
+        _rmdirs("memory", name)
+    with _lock:
+        _made.discard(name)
     return True
+
+
+def _kill_foreign(c, me):
+    """Kills the processes of every cgroup under hierarchy `c`'s root that the agent did not
+    make (a command's hiding place), and their child cgroups', then removes them."""
+    try:
+        with os.scandir(_path(c, "")) as it:
+            names = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return 0
+    with _lock:
+        foreign = [n for n in names if n not in _made]
+    killed = 0
+    for name in foreign:
+        for _ in range(3):
+            n = 0
+            for r in _subtree(c, name):
+                for pid in _read_pids(_path(c, r + "/cgroup.procs")):
+                    if pid != me and pid not in _exempt:
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                            n += 1
+                        except OSError:
+                            pass
+            killed += n
+            if not n:
+                break
+            time.sleep(0.005)  # let the killed leave it
+        _rmdirs(c, name)
+    return killed
 
 
 def sweep():
@@ -256,7 +314,8 @@ def _read_pids(path):
 
 
 def members(name):
-    return _read_pids(_path("pids", name + "/cgroup.procs"))
+    """The pids in cgroup `name` and in the child cgroups its commands made."""
+    return [p for r in _subtree("pids", name) for p in _read_pids(_path("pids", r + "/cgroup.procs"))]
 
 
 def task_count(name):

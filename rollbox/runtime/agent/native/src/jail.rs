@@ -16,8 +16,11 @@
 //! into a hierarchy's root through the agent's descriptors. The memory watcher's every look
 //! (memwatch.rs) kills such escapees (`kill_escaped`): in the root cgroups only the agent and
 //! the container zygote live (episode containers' processes are in PID namespaces of their
-//! own). A command moving itself into another exec's cgroup instead is not caught: it then
-//! lives and dies with that exec.
+//! own). A cgroup the agent did not make (a command's `mkdir` there, to hide in) is foreign:
+//! every few looks its processes are killed and it is removed. A child cgroup a command makes
+//! inside its own exec's belongs to that exec (counted, killed and removed with it). A command
+//! moving itself into another exec's cgroup instead is not caught: it then lives and dies with
+//! that exec.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
@@ -52,9 +55,15 @@ static EXEMPT: OnceLock<Mutex<Vec<sys::pid_t>>> = OnceLock::new();
 /// sandbox whose commands may move processes themselves): nothing then tells such a process
 /// from an escaped one, so `kill_escaped` stops.
 static UNJAILED: AtomicBool = AtomicBool::new(false);
+/// The cgroups the agent made (named before they exist, so no look finds one unnamed).
+static MADE: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
 /// PID namespaces other than the agent's, by their link, to whether their processes descend
 /// from the zygote (episode containers: spared) or not (a command's own: escaped).
 static NS_VERDICTS: OnceLock<Mutex<HashMap<std::path::PathBuf, bool>>> = OnceLock::new();
+
+fn made() -> &'static Mutex<HashSet<String>> {
+    MADE.get_or_init(|| Mutex::new(HashSet::new()))
+}
 
 fn exempted() -> &'static Mutex<Vec<sys::pid_t>> {
     EXEMPT.get_or_init(|| Mutex::new(Vec::new()))
@@ -88,6 +97,9 @@ pub fn kill_escaped(all: bool) -> usize {
     let my_ns = MY_NS.get_or_init(|| fs::read_link("/proc/self/ns/pid").ok());
     let mut killed = 0;
     for d in dirs(h).take(if all { 2 } else { 1 }) {
+        if all {
+            killed += kill_foreign(d, me);
+        }
         let pids: Vec<sys::pid_t> = read_pids(d, "cgroup.procs").into_iter().filter(|&p| p != me).collect();
         if pids.is_empty() {
             continue;
@@ -142,6 +154,68 @@ pub fn kill_escaped(all: bool) -> usize {
         }
     }
     killed
+}
+
+/// Kills the processes of every cgroup under hierarchy `d`'s root that the agent did not make
+/// (and their child cgroups'), then removes them. Returns how many processes were signalled.
+fn kill_foreign(d: &File, me: sys::pid_t) -> usize {
+    let rd = match fs::read_dir(path(d, "")) { Ok(rd) => rd, _ => return 0 };
+    let foreign: Vec<String> = {
+        let made = made().lock().unwrap();
+        rd.flatten()
+            .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .filter(|n| !made.contains(n))
+            .collect()
+    };
+    let exempt = exempted().lock().unwrap().clone();
+    let mut killed = 0;
+    for name in foreign {
+        for _ in 0..3 {
+            let mut n = 0;
+            for rel in subtree(d, &name) {
+                for p in read_pids(d, &format!("{}/cgroup.procs", rel)) {
+                    if p != me && !exempt.contains(&p) {
+                        unsafe { sys::kill(p, sys::SIGKILL) };
+                        n += 1;
+                    }
+                }
+            }
+            killed += n;
+            if n == 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5)); // let the killed leave it
+        }
+        for rel in subtree(d, &name) {
+            let _ = fs::remove_dir(path(d, &rel));
+        }
+    }
+    killed
+}
+
+/// Cgroup `rel` of hierarchy `f` and the cgroups under it, each child before its parent (the
+/// order rmdir needs). At most 4096: a command could make more, and they would simply stay.
+fn subtree(f: &File, rel: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![rel.to_string()];
+    while let Some(r) = todo.pop() {
+        if out.len() >= 4096 {
+            break;
+        }
+        if let Ok(rd) = fs::read_dir(path(f, &r)) {
+            for e in rd.flatten() {
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    if let Some(n) = e.file_name().to_str() {
+                        todo.push(format!("{}/{}", r, n));
+                    }
+                }
+            }
+        }
+        out.push(r);
+    }
+    out.reverse(); // pre-order reversed: every child before its parent
+    out
 }
 
 fn peaks() -> &'static Mutex<HashMap<String, usize>> {
@@ -241,7 +315,11 @@ impl Jail {
         let h = hier()?;
         sweep();
         let name = format!("x{}", NEXT.fetch_add(1, Ordering::Relaxed));
-        fs::create_dir(path(&h.pids, &name)).ok()?;
+        made().lock().unwrap().insert(name.clone());
+        if fs::create_dir(path(&h.pids, &name)).is_err() {
+            made().lock().unwrap().remove(&name);
+            return None;
+        }
         if let Some(m) = &h.memory {
             let _ = fs::create_dir(path(m, &name));
         }
@@ -281,11 +359,17 @@ impl Jail {
 
 fn remove(name: &str) -> bool {
     let h = match hier() { Some(h) => h, _ => return true };
-    let gone = fs::remove_dir(path(&h.pids, name)).is_ok() || fs::metadata(path(&h.pids, name)).is_err();
+    for rel in subtree(&h.pids, name) {
+        let _ = fs::remove_dir(path(&h.pids, &rel)); // child cgroups a command made first
+    }
+    let gone = fs::metadata(path(&h.pids, name)).is_err();
     if gone {
         if let Some(m) = &h.memory {
-            let _ = fs::remove_dir(path(m, name));
+            for rel in subtree(m, name) {
+                let _ = fs::remove_dir(path(m, &rel));
+            }
         }
+        made().lock().unwrap().remove(name);
     }
     gone
 }
@@ -301,10 +385,11 @@ pub fn for_mark(mark: &[u8]) -> Option<String> {
     by_mark().lock().unwrap().get(mark).cloned()
 }
 
-/// The pids in cgroup `name` (threads' process ids, once each).
+/// The pids in cgroup `name` and in the child cgroups its commands made (threads' process
+/// ids, once each).
 pub fn members(name: &str) -> Vec<sys::pid_t> {
     match hier() {
-        Some(h) => read_pids(&h.pids, &format!("{}/cgroup.procs", name)),
+        Some(h) => subtree(&h.pids, name).iter().flat_map(|rel| read_pids(&h.pids, &format!("{}/cgroup.procs", rel))).collect(),
         None => Vec::new(),
     }
 }
