@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Protocol, TypeVar
@@ -60,6 +61,38 @@ async def _finish(proc: asyncio.subprocess.Process, done: Awaitable[T], what: st
     except BaseException:  # cancelled: as before, the process is left to finish
         fut.cancel()
         raise
+
+
+def _settle(fut: "asyncio.Future[None]") -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def wait_exited(pids: list[int], timeout: float) -> bool:
+    """Waits up to `timeout` seconds for every process in `pids` to exit (a zombie counts: its
+    reaper is elsewhere). True when all have; a pid already gone counts as exited. A pidfd per
+    process, readable at its exit: no polling of /proc."""
+    loop = asyncio.get_running_loop()
+    fds: list[int] = []
+    waits: list[asyncio.Future[None]] = []
+    try:
+        for pid in pids:
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            fds.append(fd)
+            fut: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(fd, _settle, fut)
+            waits.append(fut)
+        if not waits:
+            return True
+        _done, pending = await asyncio.wait(waits, timeout=timeout)
+        return not pending
+    finally:
+        for fd in fds:
+            loop.remove_reader(fd)
+            os.close(fd)
 
 
 async def run_command(argv: list[str], *, what: str, timeout: float) -> RunResult:

@@ -14,18 +14,16 @@ A networked sandbox joins its slot's namespace directly (runc needs none of runs
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import resource
 import shutil
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 from ..errors import RuntimeMissing
-from .driver import RunResult, run_command, spawn_detached
+from .driver import RunResult, run_command, spawn_detached, wait_exited
 
 INSTALL_HINT = "install runc (`apt-get install runc`, or run `make setup`)"
 
@@ -156,29 +154,42 @@ class Runc:
 
     async def delete(self, container_id: str) -> RunResult:
         """Kills the container's init ourselves and waits (up to 2 s) for it to exit, then
-        `runc delete --force`. Given a running container, runc's force-delete sends SIGKILL
-        and sleeps 100 ms before its first look (libcontainer's killContainer): ~110 ms of
-        every teardown's latency here, measured; an exited init is deleted at once. The init
-        is the pid namespace's: its death ends every process of the container."""
+        removes runc's state of it. The init is the pid namespace's: its death ends every
+        process of the container, so what `runc delete` would still do is remove the state
+        directory (`forget`; the cgroups are the teardown's): one fewer Go binary start per
+        episode (3.5 ms of CPU for a no-op `runc delete` here, `perf stat`). Given a running container, runc's own force-delete also sends SIGKILL and
+        sleeps 100 ms before its first look (libcontainer's killContainer): ~110 ms of every
+        teardown's latency here, measured. `runc delete --force` when there is no live init
+        (runc knows the container's other states) or it would not die."""
         init = self._init_pid(container_id)
-        if init:
+        if init and _running(init):
             try:
                 os.kill(init, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            else:
-                deadline = time.monotonic() + 2.0
-                while _running(init) and time.monotonic() < deadline:
-                    await asyncio.sleep(0.002)
+            if await wait_exited([init], 2.0):
+                self.forget(container_id)
+                return RunResult(0, b"", b"")
         return await self.run("delete", "--force", container_id, timeout=20)
 
     def _init_pid(self, container_id: str) -> int:
-        """The container's init pid from runc's state file (0: none known)."""
+        """The container's init pid from runc's state file (0: none known, or the pid now
+        names another process: its start time is not the one runc recorded)."""
         try:
             state = json.loads((self.root / container_id / "state.json").read_text())
-            return int(state.get("init_process_pid") or 0)
+            pid = int(state.get("init_process_pid") or 0)
+            start = int(state.get("init_process_start") or 0)
         except (OSError, ValueError, TypeError):
             return 0
+        if pid and start:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read(1024).rpartition(b")")[2].split()
+                if int(fields[19]) != start:  # field 22 of stat: starttime (clock ticks)
+                    return 0
+            except (OSError, IndexError, ValueError):
+                return 0
+        return pid
 
     def forget(self, container_id: str) -> None:
         shutil.rmtree(self.root / container_id, ignore_errors=True)

@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import psutil
 
 from ..config import DEFAULT_PLATFORM, PLATFORMS, RUNSC_INSTALL_HINT, platform_from_env
 from ..errors import RuntimeMissing
-from .driver import RunResult, run_command, spawn_detached
+from .driver import RunResult, run_command, spawn_detached, wait_exited
 
 INSTALL_HINT = RUNSC_INSTALL_HINT
 __all__ = ["DEFAULT_PLATFORM", "INSTALL_HINT", "PLATFORMS", "Runsc", "platform_from_env"]
@@ -119,6 +120,10 @@ class Runsc:
                               *extra, container_id, timeout=300)
 
     async def delete(self, container_id: str) -> RunscResult:
+        """Ends the container's sandbox and removes runsc's state of it. A sandbox whose state
+        file names live processes is ended here (`_kill`); otherwise `runsc delete -force`."""
+        if await self._kill(container_id):
+            return RunscResult(0, b"", b"")
         res = await self.run("delete", "-force", container_id, timeout=20)
         # runsc leaves its control socket behind when a sandbox died badly, and then refuses
         # to create a container with the same id; remove it ourselves.
@@ -128,6 +133,33 @@ class Runsc:
             except FileNotFoundError:
                 pass
         return res
+
+    async def _kill(self, container_id: str, wait_s: float = 10.0) -> bool:
+        """What `runsc delete -force` does to a one-container sandbox (SIGKILL its sandbox and
+        gofer processes, wait for them to go, remove the state files under --root), without a
+        runsc process: one fewer Go binary start per episode (a no-op `runsc delete` alone costs
+        7 ms of CPU here, `perf stat`; a real one also loads and locks the container's state
+        and talks to its sandbox). The caller reaps (the daemon is the
+        processes' subreaper). False, with nothing done, when the state file is missing or
+        names no live process of this container: runsc then deletes it."""
+        state = self.root / f"{container_id}_sandbox:{container_id}.state"
+        try:
+            d = json.loads(state.read_text())
+            listed = [(int(d["sandbox"]["pid"]), "sandbox"), (int(d["goferPid"]), "gofer")]
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        found = [pid for pid, role in listed if pid > 0 and _runsc_role(pid, container_id) == role]
+        if not found:
+            return False
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if not await wait_exited(found, wait_s):
+            return False  # runsc tries next (and the teardown kills by id after it)
+        self.forget(container_id)
+        return True
 
     def processes(self, container_id: str) -> list[tuple[int, str]]:
         """(pid, "sandbox" | "gofer") from runsc's state file, checked against each pid's

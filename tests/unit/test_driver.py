@@ -77,3 +77,57 @@ def test_an_untyped_start_failure_becomes_typed_and_retryable(exc: Exception, cl
     err = driver.start_failed("sb-" + "0" * 24, exc, 60.0)
     assert type(err) is cls and err.retryable and err.sandbox_id == "sb-" + "0" * 24
     assert words in err.message and "sb-" + "0" * 24 in err.message
+
+
+def test_wait_exited_sees_an_exit_times_out_on_a_live_process_and_takes_a_gone_pid() -> None:
+    """The teardowns' wait for a killed sandbox (runc.py, runsc.py): a pidfd per process."""
+    import os
+    import signal
+    import subprocess
+
+    async def go() -> tuple[bool, bool, bool]:
+        p = subprocess.Popen(["sleep", "30"])
+        try:
+            live = await driver.wait_exited([p.pid], 0.2)  # still running: False at the timeout
+            os.kill(p.pid, signal.SIGKILL)
+            t0 = time.monotonic()
+            gone = await driver.wait_exited([p.pid], 5.0)  # a zombie counts as exited
+            assert time.monotonic() - t0 < 1.0
+        finally:
+            p.kill()
+            p.wait()
+        reaped = await driver.wait_exited([p.pid], 0.2)  # reaped: no such process
+        return live, gone, reaped
+
+    assert asyncio.run(go()) == (False, True, True)
+
+
+def test_runc_never_kills_a_pid_that_now_names_another_process(tmp_path: Path) -> None:
+    """runc's state file names the init by pid and start time; once the init is gone and the
+    pid reused, the teardown must not SIGKILL the new process."""
+    import json
+    import os
+    import subprocess
+
+    from rollbox.runtime.runc import Runc
+
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        with open(f"/proc/{p.pid}/stat", "rb") as f:
+            start = int(f.read().rpartition(b")")[2].split()[19])
+        r = Runc(tmp_path, binary="/bin/false")
+        (tmp_path / "c1").mkdir()
+        (tmp_path / "c1" / "state.json").write_text(json.dumps({"init_process_pid": p.pid,
+                                                                "init_process_start": start + 1}))
+        assert r._init_pid("c1") == 0
+        asyncio.run(r.delete("c1"))  # runc (here /bin/false) is asked instead: nothing killed
+        assert p.poll() is None
+        (tmp_path / "c1" / "state.json").write_text(json.dumps({"init_process_pid": p.pid,
+                                                                "init_process_start": start}))
+        assert r._init_pid("c1") == p.pid
+        assert asyncio.run(r.delete("c1")).returncode == 0  # the init itself: killed, state removed
+        assert p.wait(5) == -9 and not (tmp_path / "c1").exists()
+        assert os.path.exists(tmp_path)
+    finally:
+        p.kill()
+        p.wait()
