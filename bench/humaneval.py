@@ -235,8 +235,8 @@ def run_section(levels: list[int], limit: int | None = None,
         from rollbox.sdk.sandbox import default_client
         try:
             default_client().request("DELETE", f"/snapshots/{snap}")
-        except Exception:  # noqa: BLE001 - best effort
-            pass
+        except Exception as e:  # noqa: BLE001 - best effort
+            print(f"could not delete snapshot {snap}: {e}", flush=True)
     print()
     print("HumanEval canonical programs, each isolated (CPU-ms per program: the whole machine's busy time)")
     print_rows(rows)

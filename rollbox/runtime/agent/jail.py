@@ -187,14 +187,18 @@ def create(pids_max, mark):
     if "pids" not in _fds:
         return None
     sweep()
-    name = "x%d" % next(_next)
-    with _lock:
-        _made.add(name)
-    try:
-        os.mkdir(_path("pids", name))
-    except OSError:
+    # A random part (jail.rs says why), and a few tries should a name be taken anyway.
+    for _ in range(4):
+        name = "x%d-%s" % (next(_next), os.urandom(8).hex())
         with _lock:
-            _made.discard(name)
+            _made.add(name)
+        try:
+            os.mkdir(_path("pids", name))
+            break
+        except OSError:
+            with _lock:
+                _made.discard(name)
+    else:
         return None
     if "memory" in _fds:
         try:

@@ -314,10 +314,21 @@ impl Jail {
     pub fn create(pids_max: usize, mark: &[u8]) -> Option<Jail> {
         let h = hier()?;
         sweep();
-        let name = format!("x{}", NEXT.fetch_add(1, Ordering::Relaxed));
-        made().lock().unwrap().insert(name.clone());
-        if fs::create_dir(path(&h.pids, &name)).is_err() {
-            made().lock().unwrap().remove(&name);
+        // A random part in the name: a command cannot make the next exec's cgroup ahead of
+        // the agent (which would leave that exec unjailed and stop `kill_escaped` for good).
+        let mut name = String::new();
+        for _ in 0..4 {
+            let mut r = [0u8; 8];
+            sys::random(&mut r);
+            let n = format!("x{}-{:016x}", NEXT.fetch_add(1, Ordering::Relaxed), u64::from_ne_bytes(r));
+            made().lock().unwrap().insert(n.clone());
+            if fs::create_dir(path(&h.pids, &n)).is_ok() {
+                name = n;
+                break;
+            }
+            made().lock().unwrap().remove(&n);
+        }
+        if name.is_empty() {
             return None;
         }
         if let Some(m) = &h.memory {
