@@ -190,7 +190,7 @@ class NodeDaemon:
         with self._lock:
             if pool_id in self._pools:
                 return
-            pool = SandboxPool(snapshot_id, max_concurrency, keep_warm_seconds=keep_warm_seconds, warm=warm,
+            pool = SandboxPool(snapshot_id, max_concurrency, keep_warm_seconds=keep_warm_seconds, warm=warm if isolation != "container" else 0,
                                warm_idle_seconds=warm_idle_seconds, client=self._client, backend="local",
                                isolation=isolation)
             pool.pool_id = pool_id  # the driver's id: its sandboxes carry it as their tag

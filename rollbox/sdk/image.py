@@ -201,6 +201,11 @@ class Image:
     def needs_build(self) -> bool:
         return bool(self.steps or self.base)
 
+    def _base_name(self) -> str:
+        """What the base is, for a progress message: its registry reference, archive or id."""
+        b = dict(self.base) if self.base else {}
+        return str(b.get("registry") or b.get("docker_archive") or b.get("oci_layout") or self.image_id or "base")
+
     def base_wire(self) -> dict[str, Any]:
         return dict(self.base) if self.base else {"image_id": self.image_id}
 
@@ -220,7 +225,7 @@ class Image:
         # A first build runs its steps (minutes for apt/pip); a cached one answers at once. Say
         # so on stderr when it takes a while, instead of a silent wait.
         what = (f"building image ({len(self.steps)} step(s) not cached yet; each runs once, then is cached)"
-                if self.steps else "fetching the base image (once; then it is stored)")
+                if self.steps else f"fetching image {self._base_name()} (once; then it is stored)")
         notice = threading.Timer(BUILD_NOTICE_S, lambda: print(f"rollbox: {what}...", file=sys.stderr, flush=True))
         notice.daemon = True
         notice.start()

@@ -31,6 +31,7 @@ import secrets
 import sys
 import threading
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
@@ -122,6 +123,11 @@ class SandboxPool:
         # Every episode sandbox carries this tag, so close() can find one whose create reply
         # was lost (a daemon crash mid-request) and would otherwise live until its TTL.
         self.pool_id = secrets.token_hex(8)
+        if isolation == "container" and warm:
+            # Pooled sandboxes are restored once and serve every episode: nothing to keep warm.
+            warnings.warn(f"SandboxPool(warm={warm}) has no effect with isolation='container' (its pooled "
+                          "sandboxes are restored once and reused); it applies to isolation='sandbox'",
+                          stacklevel=2)
         self.warm = warm
         self.warm_idle_seconds = warm_idle_seconds
         self._warm_set = False

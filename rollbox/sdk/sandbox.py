@@ -46,7 +46,9 @@ class Sandbox:
     """How to make a sandbox. Nothing runs until `create()`.
 
     Args:
-        image: the root filesystem (default `Image.debian()`).
+        image: the root filesystem (default `Image.debian()`): an `Image`, or a string, read
+            as `Image.from_id` when it is a stored image id (`im-...`) and as
+            `Image.from_registry` otherwise (`"python:3.11-slim"`).
         cpu: CPU cores, a float (CFS quota), default 1.0.
         memory: memory limit in MiB of the sandbox's processes: a command that takes the
             sandbox past it is SIGKILLed (the biggest exec, as Linux's OOM killer picks) and
@@ -136,7 +138,15 @@ class Sandbox:
     def _client(self) -> Client:
         return self.client or default_client()
 
+    def __post_init__(self) -> None:
+        if isinstance(self.image, str):  # Daytona/E2B-style: a name where an Image goes
+            ref = self.image
+            object.__setattr__(self, "image", Image.from_id(ref) if ref.startswith("im-") else Image.from_registry(ref))
+
     def _check_types(self) -> None:
+        if not isinstance(self.image, Image):
+            raise errors.InvalidArgument(f"image={self.image!r} must be an Image (Image.debian(), Image.from_id(...), "
+                                         "Image.from_registry(...)) or an image name string")
         for name, kinds in (("cpu", (int, float)), ("memory", (int,)), ("pids", (int,))):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, kinds):

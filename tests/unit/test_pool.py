@@ -538,3 +538,15 @@ def test_leaving_map_aio_early_cancels_its_coroutine_episodes_only_gh18(backend,
     results = asyncio.run(main())
     assert [(r.status, r.value) for r in results] == [("ok", "a1"), ("ok", "a2")]
     assert sorted(finished) == ["a1", "a2", "b0"]  # b1 and b2 were cancelled, never finished
+
+
+def test_warm_with_container_isolation_warns_that_it_has_no_effect() -> None:
+    """New-user trial: `warm` was silently ignored in container mode."""
+    import warnings as w
+
+    from rollbox import SandboxPool
+
+    with w.catch_warnings(record=True) as seen:
+        w.simplefilter("always")
+        SandboxPool("sn-" + "0" * 24, isolation="container", warm=4, client=object())  # type: ignore[arg-type]
+    assert any("no effect with isolation='container'" in str(x.message) for x in seen)
