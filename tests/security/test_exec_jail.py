@@ -130,6 +130,19 @@ def test_a_command_in_a_cgroup_it_made_does_not_outlive_its_timeout_gh19(
     assert sb.exec("sh", "-c", "sleep 1 & wait; echo ok", timeout=20).stdout == b"ok\n"
 
 
+def test_the_next_exec_after_a_background_process_ended_runs_gh19(agent_sandbox: SandboxInstance) -> None:
+    """An exec that left a short background process: once that process ends, its cgroup is
+    swept at the next exec's start (the Python agent's sweep once deadlocked on its own lock
+    there, and the sandbox stopped answering; break-it trial)."""
+    sb = agent_sandbox
+    assert sb.exec("sh", "-c", "sleep 1 >/dev/null 2>&1 &", timeout=10).exit_code == 0
+    time.sleep(2)
+    for _ in range(2):
+        t0 = time.monotonic()
+        assert sb.exec("echo", "ok", timeout=10).stdout == b"ok\n"
+        assert time.monotonic() - t0 < 3
+
+
 def test_commands_cannot_see_the_cgroup_mounts(sandbox: SandboxInstance) -> None:
     r = sandbox.exec("sh", "-c", "grep -c cgroup /proc/mounts; ls -a /dev | grep -c rollbox-cg")
     assert r.stdout.split() == [b"0", b"0"], r

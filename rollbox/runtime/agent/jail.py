@@ -288,9 +288,13 @@ def _kill_foreign(c, me):
 
 
 def sweep():
-    """Removes the cgroups of returned execs whose last process has ended."""
+    """Removes the cgroups of returned execs whose last process has ended. `_remove` takes
+    `_lock` itself (not reentrant), so the removals run outside it."""
     with _lock:
-        _stale[:] = [n for n in _stale if not _remove(n)]
+        names = list(_stale)
+    gone = {n for n in names if _remove(n)}
+    with _lock:
+        _stale[:] = [n for n in _stale if n not in gone]
 
 
 def release(name, mark):
