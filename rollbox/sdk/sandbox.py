@@ -13,6 +13,7 @@ import base64
 import contextlib
 import os
 import re
+import secrets
 import stat
 import sys
 import threading
@@ -68,7 +69,9 @@ class Sandbox:
         volumes: `Volume(name=..., mount_path=..., read_only=False)` list (created on first use).
             A read-write mount beside another sandbox's read-write mount of the same volume is
             refused with VolumeBusy when either is gVisor (see `Volume`).
-        tags: labels recorded with the sandbox's usage (`rollbox usage` sums per tag).
+        tags: labels recorded with the sandbox's usage (`rollbox usage` sums per tag). Keys
+            starting with `rollbox.` are rollbox's own (`rollbox.start`: the token of the
+            start request; `rollbox.pool`: the SandboxPool that made it).
         ports: TCP ports in the sandbox to expose on the host at once (`list_urls()` gives
             their URLs; `expose_port()` adds more later).
         block_network: True (the default) blocks every outbound connection. False gives
@@ -171,13 +174,14 @@ class Sandbox:
         # The daemon builds the Debian base on the first create of a state directory (minutes,
         # debootstrap): say so when the wait is long instead of a silent one.
         notice = threading.Timer(BUILD_NOTICE_S, lambda: print(
-            "rollbox: still starting the sandbox (the first one in a state directory builds the Debian base "
-            "image: a few minutes, once)...", file=sys.stderr, flush=True)) if image_id == DEBIAN_IMAGE_ID else None
+            "rollbox: still starting the sandbox (the host is busy, or this is the state directory's first "
+            "sandbox and the Debian base image is being built: a few minutes, once)...", file=sys.stderr,
+            flush=True)) if image_id == DEBIAN_IMAGE_ID else None
         if notice is not None:
             notice.daemon = True
             notice.start()
         try:
-            body = await c.aio.request("POST", "/sandboxes", json={
+            body = await _start(c, "/sandboxes", {
             "image_id": image_id, "cpu": self.cpu, "memory": self.memory, "env": self.env,
             "keep_warm_seconds": self.keep_warm_seconds, "volumes": [v.to_wire() for v in self.volumes],
             "tags": self.tags, "ports": list(self.ports), "block_network": self.block_network,
@@ -200,9 +204,9 @@ class Sandbox:
         """
         check_id(snapshot_id, errors.SnapshotNotFound, "snapshot")
         c = self._client()
-        info = _info(await c.aio.request("POST", f"/snapshots/{snapshot_id}/restore",
-                               json={"keep_warm_seconds": self.keep_warm_seconds, "tags": self.tags,
-                                     "auto_pause_seconds": self.auto_pause_seconds}))
+        info = _info(await _start(c, f"/snapshots/{snapshot_id}/restore",
+                                  {"keep_warm_seconds": self.keep_warm_seconds, "tags": self.tags,
+                                   "auto_pause_seconds": self.auto_pause_seconds}))
         return SandboxInstance(info.sandbox_id, c, info)
 
     @synchronized
@@ -215,6 +219,29 @@ class Sandbox:
         if info.state == "paused":
             info = _info(await c.aio.request("POST", f"/sandboxes/{sandbox_id}/resume"))
         return SandboxInstance(sandbox_id, c, info)
+
+
+# Tag on every start: the token that finds a sandbox whose create reply was lost (below).
+START_TAG = "rollbox.start"
+
+
+async def _start(c: Client, path: str, body: dict[str, Any]) -> Any:
+    """POSTs a sandbox start (create or restore) carrying a fresh token in its tags. A daemon
+    killed with the request out may have made the sandbox, and a restarted daemon re-adopts
+    it, while the caller only gets DaemonUnavailable and retries: a second sandbox, the first
+    running until its keep_warm_seconds (break-it trial). So on DaemonUnavailable the sandbox
+    holding the token is looked for on the (restarted) daemon and terminated, best effort,
+    before the error is raised: the error then means nothing was made."""
+    token = secrets.token_hex(8)
+    body = {**body, "tags": {**(body.get("tags") or {}), START_TAG: token}}
+    try:
+        return await c.aio.request("POST", path, json=body)
+    except errors.DaemonUnavailable:
+        with contextlib.suppress(errors.RollboxError):
+            for row in await c.aio.request("GET", "/sandboxes"):
+                if (row.get("tags") or {}).get(START_TAG) == token:
+                    await c.aio.request("DELETE", f"/sandboxes/{row['sandbox_id']}")
+        raise
 
 
 CHUNK = 1 << 20  # bytes per chunk of a streamed upload/download (the daemon relays 4 MiB parts)

@@ -130,6 +130,39 @@ def test_a_command_in_a_cgroup_it_made_does_not_outlive_its_timeout_gh19(
     assert sb.exec("sh", "-c", "sleep 1 & wait; echo ok", timeout=20).stdout == b"ok\n"
 
 
+# Makes 5000 child cgroups inside its own exec's cgroup (in each hierarchy) and moves into the
+# first: past the 4096 a capped walk looked at, so the timeout's kill did not find it.
+HIDE_DEEP = r"""
+import glob, os
+me = str(os.getpid())
+for f in glob.glob("/proc/1/fd/*"):
+    for d in glob.glob(f + "/x*"):
+        try:
+            if me not in open(d + "/cgroup.procs").read().split():
+                continue
+        except OSError:
+            continue
+        for i in range(5000):
+            os.mkdir("%s/c%d" % (d, i))
+        open(d + "/c0/cgroup.procs", "w").write(me)
+print("moved", flush=True)
+os.execvp("sleep", ["sleep", "1000"])
+"""
+
+
+def test_a_process_behind_thousands_of_child_cgroups_dies_at_its_timeout_gh19(
+        agent_sandbox: SandboxInstance) -> None:
+    sb = agent_sandbox
+    sb.fs.write_file("/tmp/hide_deep.py", HIDE_DEEP.encode())
+    r = sb.exec("sh", "-c", "setsid env -i python3 /tmp/hide_deep.py & sleep 1000", timeout=4)
+    assert r.timed_out and b"moved" in r.stdout, r
+    deadline = time.monotonic() + 5
+    while _sleepers(sb) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _sleepers(sb) == 0, r
+    assert sb.exec("echo", "ok", timeout=20).stdout == b"ok\n"
+
+
 def test_the_next_exec_after_a_background_process_ended_runs_gh19(agent_sandbox: SandboxInstance) -> None:
     """An exec that left a short background process: once that process ends, its cgroup is
     swept at the next exec's start (the Python agent's sweep once deadlocked on its own lock

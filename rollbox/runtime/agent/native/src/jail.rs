@@ -195,14 +195,13 @@ fn kill_foreign(d: &File, me: sys::pid_t) -> usize {
 }
 
 /// Cgroup `rel` of hierarchy `f` and the cgroups under it, each child before its parent (the
-/// order rmdir needs). At most 4096: a command could make more, and they would simply stay.
+/// order rmdir needs). No cap: a process hidden behind thousands of cgroups a command made
+/// must still be found (a cap let one outlive its timeout; break-it trial); the walk costs
+/// only the sandbox that made them.
 fn subtree(f: &File, rel: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut todo = vec![rel.to_string()];
     while let Some(r) = todo.pop() {
-        if out.len() >= 4096 {
-            break;
-        }
         if let Ok(rd) = fs::read_dir(path(f, &r)) {
             for e in rd.flatten() {
                 if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
