@@ -21,6 +21,8 @@ class ExecResult:
         timed_out: the command ran past its timeout and its whole process tree was killed.
         oom_killed: the command was killed for taking the sandbox past its memory limit (exit
             137; the sandbox goes on), or, rarely, the whole sandbox ran out of memory and ended.
+        sandbox_oom: the whole sandbox ran out of memory (gVisor's own kernel memory included,
+            e.g. pipe buffers) and ended while the command ran; `oom_killed` is set too.
         pids_limited: the command's process tree filled the sandbox's process limit (a fork
             bomb; `Sandbox(pids=...)`, 512 tasks by default) when its timeout killed it.
         signal: the signal number that ended the process, or None.
@@ -38,6 +40,7 @@ class ExecResult:
     stderr_bytes: int = 0
     pids_limited: bool = False
     signal: int | None = None
+    sandbox_oom: bool = False
 
     @property
     def ok(self) -> bool:
@@ -64,6 +67,7 @@ class ExecResult:
             stderr_bytes=int(d.get("stderr_bytes") or 0),
             pids_limited=bool(d.get("pids_limited")),
             signal=d.get("signal"),
+            sandbox_oom=bool(d.get("sandbox_oom")),
         )
 
 

@@ -33,6 +33,10 @@ class ContainerInstance(SandboxInstance):
     ends it anyway when the episode returns.
     """
 
+    # Other episodes' containers run in the same pooled sandbox: a whole-sandbox OOM may be
+    # theirs (SandboxPool._classify).
+    shares_sandbox = True
+
     def __init__(self, sandbox_id: str, container_id: str, pool: "EpisodePoolClient") -> None:
         super().__init__(sandbox_id, pool.client)
         self.container_id = container_id

@@ -330,6 +330,13 @@ class SandboxPool:
                   ttfc_ms: float) -> Outcome:
         if not finished:
             return "timeout", None, f"episode ran past {timeout} s", sb, ttfc_ms, False
+        if getattr(sb, "saw_sandbox_oom", False) and getattr(sb, "shares_sandbox", False):
+            # The pooled sandbox ran out of memory as a whole (gVisor's kernel memory, pipe
+            # buffers say), which any episode in it may have caused: not this one's fault to
+            # score, an infrastructure failure retried on a fresh pooled sandbox (break-it trial:
+            # an innocent neighbour was scored `oom`, reward 0).
+            return ("infra_error", None, "the pooled sandbox ran out of memory as a whole (this episode or another "
+                    "in it); retried on a fresh one", sb, ttfc_ms, True)
         if sb.saw_oom:
             return "oom", None, "the sandbox ran out of memory", sb, ttfc_ms, False
         exc = box.get("exc")

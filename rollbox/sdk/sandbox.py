@@ -420,6 +420,7 @@ class SandboxInstance:
         # Set by exec results; SandboxPool reads them to classify an episode.
         self.saw_timeout = False
         self.saw_oom = False
+        self.saw_sandbox_oom = False
 
     def __repr__(self) -> str:
         return f"SandboxInstance({self.sandbox_id!r})"
@@ -487,6 +488,7 @@ class SandboxInstance:
         res = ExecResult.from_wire(r)
         self.saw_timeout |= res.timed_out
         self.saw_oom |= res.oom_killed
+        self.saw_sandbox_oom |= res.sandbox_oom
         return res
 
     @synchronized

