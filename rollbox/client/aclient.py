@@ -26,6 +26,7 @@ import httpx
 from .. import errors
 from ..config import Paths
 from .netbackend import AsyncioBackend
+from .unixpool import UnixPool
 
 DAEMON_START_TIMEOUT_S = 90.0
 MAX_CONNECTIONS = 1024  # concurrent requests beyond this wait for a connection
@@ -35,6 +36,7 @@ MAX_IDLE = 256
 KEEPALIVE_EXPIRY_S = 60.0
 # httpx's Timeout(None, connect=10.0), as httpcore's request extension.
 _EXTENSIONS = {"timeout": {"connect": 10.0, "read": None, "write": None, "pool": None}}
+_PING_EXTENSIONS = {"timeout": {"connect": 5.0, "read": 5.0, "write": 5.0, "pool": 5.0}}
 _PATH_SAFE = "/:@!$&'()*+,;=-._~%"  # what a URL path keeps unescaped (RFC 3986 pchar), as httpx
 
 
@@ -111,10 +113,12 @@ class AsyncClient:
         default._pool = httpcore.AsyncConnectionPool(
             max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_IDLE,
             keepalive_expiry=KEEPALIVE_EXPIRY_S, uds=self.socket_path, network_backend=AsyncioBackend())
-        # JSON requests to the local socket go to that pool directly (`_send_json`): httpx's
-        # request and response models cost about as much client CPU as the request itself.
-        self._pool: httpcore.AsyncConnectionPool | None = default._pool if custom is None and self.socket_path \
-            else None
+        # JSON requests to the local socket skip httpx (`_send_json`): its request and response
+        # models cost about as much client CPU as the request itself. They go through a pool of
+        # their own, O(1) per request where httpcore's is O(connections^2) (unixpool.py).
+        self._pool: UnixPool | None = UnixPool(
+            self.socket_path, max_connections=MAX_CONNECTIONS, max_idle=MAX_IDLE, keepalive_expiry=KEEPALIVE_EXPIRY_S,
+            network_backend=AsyncioBackend()) if custom is None and self.socket_path else None
         self.base_url = url or f"unix://{self.paths.socket}"
         headers = {"user-agent": "rollbox-sdk"}
         token = token if token is not None else os.environ.get("ROLLBOX_TOKEN")
@@ -127,6 +131,8 @@ class AsyncClient:
         self._checked = False
 
     async def aclose(self) -> None:
+        if self._pool is not None:
+            await self._pool.aclose()
         await self._http.aclose()
 
     async def __aenter__(self) -> "AsyncClient":
@@ -138,6 +144,16 @@ class AsyncClient:
     # ---- daemon start ------------------------------------------------------------------
 
     async def _ping(self) -> bool:
+        if self._pool is not None:
+            # On the connections the requests use (a daemon that answers one connection at a
+            # time, like a stuck one, is then still reached).
+            url = httpcore.URL(scheme=b"http", host=b"rollbox", port=None, target=b"/health")
+            try:
+                r = await self._pool.request(b"GET", url, headers=list(self._raw_headers), content=None,
+                                             extensions=_PING_EXTENSIONS)
+            except (httpcore.NetworkError, httpcore.TimeoutException, httpcore.ProtocolError):
+                return False
+            return r.status == 200
         try:
             resp = await self._http.get("/health", timeout=5.0)
         except httpx.HTTPError:
