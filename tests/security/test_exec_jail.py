@@ -163,6 +163,60 @@ def test_a_process_behind_thousands_of_child_cgroups_dies_at_its_timeout_gh19(
     assert sb.exec("echo", "ok", timeout=20).stdout == b"ok\n"
 
 
+# Makes 8000 child cgroups inside its own exec's cgroups (each hierarchy) in a loop, then
+# waits to be killed. (Without a stop, ~20,000 a second here, gVisor's kernel memory for them
+# soon ends a 512 MiB sandbox as a whole: the host limit, the last line of defence.)
+FLOOD = r"""
+import time
+import glob, os
+me = str(os.getpid())
+ds = []
+for f in glob.glob("/proc/1/fd/*"):
+    for d in glob.glob(f + "/x*"):
+        try:
+            if me in open(d + "/cgroup.procs").read().split():
+                ds.append(d)
+        except OSError:
+            pass
+print("found", len(ds), flush=True)
+i = 0
+while True:
+    for d in ds:
+        os.mkdir("%s/c%d" % (d, i))
+    i += 1
+    if i == 8000:
+        print("made 8000", flush=True)
+        time.sleep(1000)
+"""
+
+# Counts the cgroups the flood made that still exist (through the agent's descriptors).
+COUNT_LEFT = r"""
+import glob
+print(sum(len(glob.glob(d + "/c[0-9]*/")) for f in glob.glob("/proc/1/fd/*") for d in glob.glob(f + "/x*")))
+"""
+
+
+def test_a_command_making_cgroups_in_a_loop_returns_at_its_timeout_gh19(agent_sandbox: SandboxInstance) -> None:
+    """Its thousands of cgroups are walked neither to kill it nor to remove them before the
+    reply (each costs ~1 ms in gVisor's cgroupfs): the reply came 10 s late, or the agent
+    stopped answering and the sandbox was lost. They are removed afterwards."""
+    sb = agent_sandbox
+    sb.fs.write_file("/tmp/flood.py", FLOOD.encode())
+    t0 = time.monotonic()
+    r = sb.exec("python3", "/tmp/flood.py", timeout=6)
+    took = time.monotonic() - t0
+    assert r.timed_out and b"found 2" in r.stdout and b"made 8000" in r.stdout, r
+    assert took < 6 + 2.5, f"returned {took:.1f} s after the start, timeout 6 s"
+    t0 = time.monotonic()
+    assert sb.exec("echo", "ok", timeout=20).stdout == b"ok\n"
+    assert time.monotonic() - t0 < 3
+    sb.fs.write_file("/tmp/count_left.py", COUNT_LEFT.encode())
+    deadline = time.monotonic() + 90
+    while (left := int(sb.exec("python3", "/tmp/count_left.py").stdout)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert left == 0
+
+
 def test_the_next_exec_after_a_background_process_ended_runs_gh19(agent_sandbox: SandboxInstance) -> None:
     """An exec that left a short background process: once that process ends, its cgroup is
     swept at the next exec's start (the Python agent's sweep once deadlocked on its own lock

@@ -236,6 +236,79 @@ def _subtree(c, rel):
     return out
 
 
+# Cgroups an exec's reply path walks at most (jail.rs's WALK_MAX says why): beyond this an
+# exec's processes are found through /proc and its cgroups removed by a thread of their own.
+WALK_MAX = 256
+
+
+def _subtree_upto(c, rel, limit):
+    """`_subtree`, or None once it would hold more than `limit` cgroups."""
+    out, todo = [], [rel]
+    while todo:
+        r = todo.pop()
+        try:
+            with os.scandir(_path(c, r)) as it:
+                todo.extend(r + "/" + e.name for e in it if e.is_dir(follow_symlinks=False))
+        except OSError:
+            pass
+        out.append(r)
+        if len(out) + len(todo) > limit:
+            return None
+    out.reverse()
+    return out
+
+
+def _members_by_proc(name):
+    """Processes whose pids cgroup is `name` or one under it, from /proc/PID/cgroup."""
+    top, under = "/" + name, "/" + name + "/"
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cgroup" % entry) as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:  # "ID:CONTROLLERS:PATH"
+            parts = line.split(":", 2)
+            if len(parts) == 3 and "pids" in parts[1].split(",") and (parts[2] == top or parts[2].startswith(under)):
+                out.append(int(entry))
+                break
+    return out
+
+
+_deferred = []
+_deferred_cv = threading.Condition()
+_remover = []  # the remover thread, once started
+
+
+def _remover_loop():
+    while True:
+        with _deferred_cv:
+            while not _deferred:
+                _deferred_cv.wait()
+            name = _deferred.pop(0)
+        if not _remove_all(name):
+            with _lock:
+                _stale.append(name)  # something still runs there: swept later
+
+
+def _defer_removal(name):
+    """Hands a large subtree to the remover thread; False when no thread can be made."""
+    with _deferred_cv:
+        if not _remover:
+            try:
+                t = threading.Thread(target=_remover_loop, name="cgroup-remover", daemon=True)
+                t.start()
+            except RuntimeError:
+                return False
+            _remover.append(t)
+        _deferred.append(name)
+        _deferred_cv.notify()
+    return True
+
+
 def _rmdirs(c, rel):
     for r in _subtree(c, rel):
         try:
@@ -245,6 +318,16 @@ def _rmdirs(c, rel):
 
 
 def _remove(name):
+    """Removes cgroup `name` and what a command made under it; True when it is gone (or, too
+    large to walk here, handed to the remover thread)."""
+    if "pids" not in _fds:
+        return True
+    if _subtree_upto("pids", name, WALK_MAX) is None and _defer_removal(name):
+        return True
+    return _remove_all(name)
+
+
+def _remove_all(name):
     if "pids" not in _fds:
         return True
     _rmdirs("pids", name)  # child cgroups a command made first
@@ -323,7 +406,10 @@ def _read_pids(path):
 
 def members(name):
     """The pids in cgroup `name` and in the child cgroups its commands made."""
-    return [p for r in _subtree("pids", name) for p in _read_pids(_path("pids", r + "/cgroup.procs"))]
+    rels = _subtree_upto("pids", name, WALK_MAX)
+    if rels is None:
+        return _members_by_proc(name)
+    return [p for r in rels for p in _read_pids(_path("pids", r + "/cgroup.procs"))]
 
 
 def task_count(name):

@@ -217,6 +217,94 @@ fn subtree(f: &File, rel: &str) -> Vec<String> {
     out
 }
 
+/// Cgroups an exec's reply path walks at most: a command can make cgroups without bound
+/// (7,000 in a loop delayed its own timed-out exec's reply by 10 s and more: gVisor's
+/// cgroupfs costs ~1 ms per cgroup walked or removed); beyond this its processes are found
+/// through /proc (bounded by the pids limit) and its cgroups removed by a thread of their own.
+const WALK_MAX: usize = 256;
+
+/// `subtree`, or None once it would hold more than `max` cgroups.
+fn subtree_upto(f: &File, rel: &str, max: usize) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    let mut todo = vec![rel.to_string()];
+    while let Some(r) = todo.pop() {
+        if let Ok(rd) = fs::read_dir(path(f, &r)) {
+            for e in rd.flatten() {
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    if let Some(n) = e.file_name().to_str() {
+                        todo.push(format!("{}/{}", r, n));
+                    }
+                }
+            }
+        }
+        out.push(r);
+        if out.len() + todo.len() > max {
+            return None;
+        }
+    }
+    out.reverse();
+    Some(out)
+}
+
+/// The processes whose pids cgroup is `name` or one under it, from /proc/PID/cgroup: one read
+/// per process of the sandbox, however many cgroups there are.
+fn members_by_proc(name: &str) -> Vec<sys::pid_t> {
+    let top = format!("/{}", name);
+    let under = format!("/{}/", name);
+    let rd = match fs::read_dir("/proc") { Ok(rd) => rd, _ => return Vec::new() };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let pid: sys::pid_t = match e.file_name().to_str().and_then(|n| n.parse().ok()) { Some(p) => p, None => continue };
+        let text = match fs::read_to_string(format!("/proc/{}/cgroup", pid)) { Ok(t) => t, _ => continue };
+        // "ID:CONTROLLERS:PATH" per hierarchy.
+        let inside = text.lines().any(|line| {
+            let mut f = line.splitn(3, ':');
+            let (_, ctl, p) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+            ctl.split(',').any(|c| c == "pids") && (p == top || p.starts_with(&under))
+        });
+        if inside {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn deferred() -> &'static (Mutex<std::collections::VecDeque<String>>, std::sync::Condvar) {
+    static D: OnceLock<(Mutex<std::collections::VecDeque<String>>, std::sync::Condvar)> = OnceLock::new();
+    D.get_or_init(|| (Mutex::new(std::collections::VecDeque::new()), std::sync::Condvar::new()))
+}
+
+/// Hands a large subtree to the remover thread (started on first use); false when no thread
+/// can be made (a fork bomb holds every process): the caller removes it itself.
+fn defer_removal(name: &str) -> bool {
+    static STARTED: AtomicBool = AtomicBool::new(false);
+    if !STARTED.swap(true, Ordering::SeqCst) {
+        let ok = std::thread::Builder::new().stack_size(256 << 10).spawn(|| loop {
+            let name = {
+                let (q, cv) = deferred();
+                let mut q = q.lock().unwrap();
+                loop {
+                    if let Some(n) = q.pop_front() {
+                        break n;
+                    }
+                    q = cv.wait(q).unwrap();
+                }
+            };
+            if !remove_all(&name) {
+                stale().lock().unwrap().push(name); // something still runs there: swept later
+            }
+        }).is_ok();
+        if !ok {
+            STARTED.store(false, Ordering::SeqCst);
+            return false;
+        }
+    }
+    let (q, cv) = deferred();
+    q.lock().unwrap().push_back(name.to_string());
+    cv.notify_one();
+    true
+}
+
 fn peaks() -> &'static Mutex<HashMap<String, usize>> {
     PEAK.get_or_init(|| Mutex::new(HashMap::new()))
 }
@@ -367,7 +455,17 @@ impl Jail {
     }
 }
 
+/// Removes cgroup `name` and what a command made under it; true when it is gone (or, too
+/// large to walk here, handed to the remover thread).
 fn remove(name: &str) -> bool {
+    let h = match hier() { Some(h) => h, _ => return true };
+    if subtree_upto(&h.pids, name, WALK_MAX).is_none() && defer_removal(name) {
+        return true;
+    }
+    remove_all(name)
+}
+
+fn remove_all(name: &str) -> bool {
     let h = match hier() { Some(h) => h, _ => return true };
     for rel in subtree(&h.pids, name) {
         let _ = fs::remove_dir(path(&h.pids, &rel)); // child cgroups a command made first
@@ -398,9 +496,10 @@ pub fn for_mark(mark: &[u8]) -> Option<String> {
 /// The pids in cgroup `name` and in the child cgroups its commands made (threads' process
 /// ids, once each).
 pub fn members(name: &str) -> Vec<sys::pid_t> {
-    match hier() {
-        Some(h) => subtree(&h.pids, name).iter().flat_map(|rel| read_pids(&h.pids, &format!("{}/cgroup.procs", rel))).collect(),
-        None => Vec::new(),
+    let h = match hier() { Some(h) => h, _ => return Vec::new() };
+    match subtree_upto(&h.pids, name, WALK_MAX) {
+        Some(rels) => rels.iter().flat_map(|rel| read_pids(&h.pids, &format!("{}/cgroup.procs", rel))).collect(),
+        None => members_by_proc(name),
     }
 }
 
