@@ -6,9 +6,11 @@ Spec: https://github.com/opencontainers/runtime-spec/blob/main/config.md (versio
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 AGENT_DIR = Path(__file__).parent / "agent"
 AGENT_MOUNT = "/.rollbox"
@@ -201,7 +203,12 @@ def oci_spec(spec: BundleSpec) -> dict[str, object]:
     }
 
 
-def write_bundle(bundle_dir: Path, spec: BundleSpec) -> Path:
+def write_bundle(bundle_dir: Path, spec: BundleSpec,
+                 finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> Path:
+    """Writes `bundle_dir/config.json`: `oci_spec(spec)`, passed through `finish` (the
+    runtime's own changes: Driver.bundle_spec) first. Compact JSON: `indent` would take the
+    json module's pure-Python encoder (a runc sandbox's start wrote and re-read it twice)."""
+    doc = oci_spec(spec)
     path = bundle_dir / "config.json"
-    path.write_text(json.dumps(oci_spec(spec), indent=1))
+    path.write_text(json.dumps(finish(doc) if finish is not None else doc))
     return path

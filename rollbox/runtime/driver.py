@@ -12,7 +12,7 @@ import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Awaitable, Protocol, TypeVar
+from typing import Any, Awaitable, Protocol, TypeVar
 
 from .. import errors
 
@@ -132,6 +132,9 @@ class Driver(Protocol):
 
     def check(self) -> None:
         """Raises RuntimeMissing (with the install hint) when the runtime is absent."""
+
+    def bundle_spec(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """The OCI spec (bundle.oci_spec's) with this runtime's own changes, for write_bundle."""
 
     async def start_detached(self, verb: str, container_id: str, bundle: Path, *, stdin_fd: int, stdout_fd: int,
                              log_path: Path, extra: tuple[str, ...] = (), networked: bool = False,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -24,6 +25,34 @@ from typing import Any
 
 from ..errors import RuntimeMissing
 from .driver import RunResult, run_command, spawn_detached, wait_exited
+
+# The fields rollbox reads from runc's `<root>/<id>/state.json` (~10 KB, Go's compact JSON,
+# the whole OCI config included): found by pattern, a full parse only if one is missing.
+_STATE_FIELDS = re.compile(rb'"(init_process_pid|init_process_start)":(\d+)|"pids":"((?:[^"\\]|\\.)*)"')
+
+
+def read_state(path: Path) -> tuple[int, int, str] | None:
+    """(init pid, init start time in clock ticks, pids cgroup directory) from runc's state
+    file; None when it is missing or unreadable. Zeros and "" for absent fields."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    found: dict[bytes, bytes] = {}
+    for m in _STATE_FIELDS.finditer(raw):
+        if m.group(1):
+            found.setdefault(m.group(1), m.group(2))
+        else:
+            found.setdefault(b"pids", m.group(3))
+    if len(found) == 3 and b"\\" not in found[b"pids"]:
+        return int(found[b"init_process_pid"]), int(found[b"init_process_start"]), found[b"pids"].decode()
+    try:
+        state = json.loads(raw)
+        return (int(state.get("init_process_pid") or 0), int(state.get("init_process_start") or 0),
+                str((state.get("cgroup_paths") or {}).get("pids") or ""))
+    except (ValueError, TypeError, AttributeError):
+        return None
+
 
 INSTALL_HINT = "install runc (`apt-get install runc`, or run `make setup`)"
 
@@ -64,9 +93,11 @@ def seccomp_profile() -> dict[str, Any]:
     }
 
 
-def runc_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """The gVisor bundle's OCI spec, hardened for a sandbox on the host kernel."""
-    spec = json.loads(json.dumps(spec))  # a deep copy
+def runc_spec(spec: dict[str, Any], copy: bool = True) -> dict[str, Any]:
+    """The gVisor bundle's OCI spec, hardened for a sandbox on the host kernel (changed in
+    place when not `copy`)."""
+    if copy:
+        spec = json.loads(json.dumps(spec))  # a deep copy
     proc = spec["process"]
     caps = [c for c in proc["capabilities"]["bounding"] if c != "CAP_SYS_ADMIN"]
     proc["capabilities"] = {k: caps for k in ("bounding", "effective", "permitted")}
@@ -109,12 +140,6 @@ def _running(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-def harden_bundle(bundle: Path) -> None:
-    """Rewrites `bundle/config.json` (written by bundle.write_bundle) with `runc_spec`."""
-    path = bundle / "config.json"
-    path.write_text(json.dumps(runc_spec(json.loads(path.read_text())), indent=1))
-
-
 class Runc:
     """Runs runc verbs against one state root (`--root`). Safe to share between tasks."""
 
@@ -129,6 +154,11 @@ class Runc:
         if not self.binary or not os.access(self.binary, os.X_OK):
             raise RuntimeMissing(f"runc is not installed: {INSTALL_HINT}")
 
+    @staticmethod
+    def bundle_spec(spec: dict[str, Any]) -> dict[str, Any]:
+        """The bundle's spec hardened for the host kernel (`runc_spec`), in place."""
+        return runc_spec(spec, copy=False)
+
     def argv(self, *verb: str) -> list[str]:
         self.check()
         return [self.binary, "--root", str(self.root), *verb]
@@ -141,12 +171,11 @@ class Runc:
                              gpu: bool = False, privileged: bool = False, timeout: float = 60.0) -> RunResult:
         """`runc run -d`: the container's init inherits stdin/stdout (pass-through stdio).
 
-        Only `run`: runc has no restore here. networked: the spec already names the namespace
+        Only `run`: runc has no restore here. The bundle's spec is `bundle_spec`'s. networked: the spec already names the namespace
         to join. gpu and privileged are refused earlier (the service validates them).
         """
         if verb != "run":
             raise ValueError(f"runc driver cannot {verb!r}")
-        harden_bundle(bundle)
         self.root.mkdir(parents=True, exist_ok=True)
         return await spawn_detached(self.argv("run", "-d", "--bundle", str(bundle), container_id), stdin_fd=stdin_fd,
                                     stdout_fd=stdout_fd, log_path=log_path, what=f"runc run of {container_id}",
@@ -175,12 +204,10 @@ class Runc:
     def _init_pid(self, container_id: str) -> int:
         """The container's init pid from runc's state file (0: none known, or the pid now
         names another process: its start time is not the one runc recorded)."""
-        try:
-            state = json.loads((self.root / container_id / "state.json").read_text())
-            pid = int(state.get("init_process_pid") or 0)
-            start = int(state.get("init_process_start") or 0)
-        except (OSError, ValueError, TypeError):
+        state = read_state(self.root / container_id / "state.json")
+        if state is None:
             return 0
+        pid, start, _ = state
         if pid and start:
             try:
                 with open(f"/proc/{pid}/stat", "rb") as f:
@@ -207,14 +234,13 @@ class Runc:
         """The container's init ("sandbox", from runc's state file) and every other process in
         its pids cgroup ("process")."""
         out: list[tuple[int, str]] = []
-        try:
-            state = json.loads((self.root / container_id / "state.json").read_text())
-        except (OSError, ValueError):
+        state = read_state(self.root / container_id / "state.json")
+        if state is None:
             return out
-        init = int(state.get("init_process_pid") or 0)
+        init, _, pids_dir = state
         if init and os.path.exists(f"/proc/{init}"):
             out.append((init, "sandbox"))
-        procs = Path(state.get("cgroup_paths", {}).get("pids", "")) / "cgroup.procs"
+        procs = Path(pids_dir) / "cgroup.procs"
         try:
             out += [(int(p), "process") for p in procs.read_text().split() if int(p) != init]
         except (OSError, ValueError):

@@ -156,7 +156,8 @@ class Booter:
                                        cpu=cpu, memory_mib=memory_mib, env=env, binds=binds, hostname=sandbox_id,
                                        netns_path=slot.sandbox_ns_path if slot else None,
                                        devices=tuple(gpu_devices(gpus)) if gpus else (), privileged=privileged,
-                                       pids=pids, platform=platform or DEFAULT_PLATFORM, tmpfs=tuple(tmpfs.items())))
+                                       pids=pids, platform=platform or DEFAULT_PLATFORM, tmpfs=tuple(tmpfs.items())),
+                         driver.bundle_spec)
             fin, fout = make_fifos(d)
             sb_in, sb_out = open_for_sandbox(fin, fout)
             try:

@@ -131,3 +131,20 @@ def test_runc_never_kills_a_pid_that_now_names_another_process(tmp_path: Path) -
     finally:
         p.kill()
         p.wait()
+
+
+def test_runc_state_fields_are_read_by_pattern_and_by_a_full_parse_when_needed(tmp_path: Path) -> None:
+    from rollbox.runtime.runc import read_state
+    f = tmp_path / "state.json"
+    assert read_state(f) is None  # no file
+    # runc's compact JSON: the OCI config (with its own "pids" object) comes first.
+    f.write_text('{"id":"c1","init_process_pid":4242,"init_process_start":777,"config":{"cgroups":'
+                 '{"pids":{"limit":64}}},"cgroup_paths":{"memory":"/sys/fs/cgroup/memory/r/c1",'
+                 '"pids":"/sys/fs/cgroup/pids/r/c1"}}')
+    assert read_state(f) == (4242, 777, "/sys/fs/cgroup/pids/r/c1")
+    f.write_text('{"id":"c1","init_process_pid":4242}')  # fields missing: the full parse's zeros
+    assert read_state(f) == (4242, 0, "")
+    f.write_text('{"init_process_pid":1,"init_process_start":2,"cgroup_paths":{"pids":"/a\\"b"}}')
+    assert read_state(f) == (1, 2, '/a"b')  # an escaped path: decoded by the full parse
+    f.write_text("{not json")
+    assert read_state(f) is None

@@ -278,9 +278,9 @@ def _members_by_proc(name):
     return out
 
 
-_deferred = []
+_deferred: list = []  # cgroups handed to the remover thread  # type: ignore[type-arg]
 _deferred_cv = threading.Condition()
-_remover = []  # the remover thread, once started
+_remover: list = []  # the remover thread, once started  # type: ignore[type-arg]
 
 
 def _remover_loop():
