@@ -115,3 +115,17 @@ def test_max_depth_ok(tmp_path):
 
 def test_list_empty_root(tmp_path):
     assert ImageStore(tmp_path / "nope").list() == []
+
+
+def test_meta_follows_meta_json_when_it_changes_or_goes(tmp_path):
+    """meta() keeps what it read while meta.json is unchanged (each start reads it thrice)."""
+    d = make_image(tmp_path, "im-a", None)
+    st = ImageStore(tmp_path)
+    assert st.meta("im-a").kind == "filesystem"
+    tmp = d / "meta.json.tmp"
+    tmp.write_text(json.dumps({"image_id": "im-a", "parent": None, "kind": "build", "created_at": 2.0}))
+    tmp.replace(d / "meta.json")  # as _write_meta does: a new file
+    assert st.meta("im-a").kind == "build"
+    (d / "meta.json").unlink()
+    with pytest.raises(ImageNotFound):
+        st.meta("im-a")
