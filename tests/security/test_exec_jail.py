@@ -217,6 +217,52 @@ def test_a_command_making_cgroups_in_a_loop_returns_at_its_timeout_gh19(agent_sa
     assert left == 0
 
 
+# Makes 300 child cgroups in its own exec's (past the 256 the agent walks on every try), then
+# ends its main thread alone (a raw exit(2)) while a thread lives on writing a heartbeat: gVisor
+# then lists the process in no /proc directory, only in its cgroup.procs.
+HIDDEN = r"""
+import ctypes, glob, os, threading, time
+me = str(os.getpid())
+for f in glob.glob("/proc/1/fd/*"):
+    for d in glob.glob(f + "/x*"):
+        try:
+            if me in open(d + "/cgroup.procs").read().split():
+                for i in range(300):
+                    os.mkdir("%s/c%d" % (d, i))
+        except OSError:
+            pass
+def beat():
+    while True:
+        with open("/tmp/beat", "w") as fh:
+            fh.write(str(time.time()))
+        time.sleep(0.2)
+threading.Thread(target=beat).start()
+time.sleep(0.5)
+print("hidden", flush=True)
+os.close(1); os.close(2)
+ctypes.CDLL(None).syscall(60, 0)  # SYS_exit: this thread only
+"""
+
+
+def test_a_process_with_no_proc_entry_behind_many_cgroups_dies_at_its_timeout_gh19(
+        agent_sandbox: SandboxInstance) -> None:
+    """Past 256 cgroups the timeout's kill looks in /proc first, then walks the cgroups' own
+    lists, which still show such a process (it lived on without end; break-it trial)."""
+    sb = agent_sandbox
+    sb.fs.write_file("/tmp/hidden.py", HIDDEN.encode())
+    r = sb.exec("sh", "-c", "setsid python3 /tmp/hidden.py & sleep 1000", timeout=5)
+    assert r.timed_out and b"hidden" in r.stdout, r
+    time.sleep(2)
+    first = sb.fs.read_file("/tmp/beat")
+    time.sleep(1.5)
+    assert sb.fs.read_file("/tmp/beat") == first, "the hidden process still writes its heartbeat"
+    sb.fs.write_file("/tmp/count_left.py", COUNT_LEFT.encode())
+    deadline = time.monotonic() + 60
+    while (left := int(sb.exec("python3", "/tmp/count_left.py").stdout)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert left == 0
+
+
 def test_the_next_exec_after_a_background_process_ended_runs_gh19(agent_sandbox: SandboxInstance) -> None:
     """An exec that left a short background process: once that process ends, its cgroup is
     swept at the next exec's start (the Python agent's sweep once deadlocked on its own lock

@@ -82,7 +82,7 @@ def kill_tree(pid, mark, sig=signal.SIGKILL):
     kill began, counted before the first signal (a killed process leaves its cgroup and loses
     its environ at once)."""
     name = jail.for_mark(mark)
-    first = max(jail.task_count(name), len(jail.members(name))) if name else len(marked_pids(mark))
+    first = max(jail.task_count(name), jail.count_members(name)) if name else len(marked_pids(mark))
     if sig != signal.SIGKILL:
         # Once to each: the group, then the tree's processes outside it (setsid'd ones).
         try:

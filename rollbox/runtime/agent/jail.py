@@ -209,6 +209,7 @@ def create(pids_max, mark):
         _write(_path("pids", name + "/pids.max"), str(pids_max))
     with _lock:
         _by_mark[mark] = name
+    _made_event.set()  # wakes a quiet watcher
     return name
 
 
@@ -278,7 +279,7 @@ def _members_by_proc(name):
     return out
 
 
-_deferred: list = []  # cgroups handed to the remover thread  # type: ignore[type-arg]
+_deferred: list = []  # (cgroup name, kill first?) for the remover thread  # type: ignore[type-arg]
 _deferred_cv = threading.Condition()
 _remover: list = []  # the remover thread, once started  # type: ignore[type-arg]
 
@@ -288,14 +289,17 @@ def _remover_loop():
         with _deferred_cv:
             while not _deferred:
                 _deferred_cv.wait()
-            name = _deferred.pop(0)
-        if not _remove_all(name):
+            name, kill = _deferred.pop(0)
+        if kill:
+            _kill_walked(name)
+        elif not _remove_all(name):
             with _lock:
                 _stale.append(name)  # something still runs there: swept later
 
 
-def _defer_removal(name):
-    """Hands a large subtree to the remover thread; False when no thread can be made."""
+def _defer(name, kill):
+    """Hands a large tree to the remover thread (jail.rs's `defer`); False when no thread can
+    be made."""
     with _deferred_cv:
         if not _remover:
             try:
@@ -304,9 +308,24 @@ def _defer_removal(name):
             except RuntimeError:
                 return False
             _remover.append(t)
-        _deferred.append(name)
-        _deferred_cv.notify()
+        if (name, kill) not in _deferred:  # not twice: a sweep hands a stale one on at every exec
+            _deferred.append((name, kill))
+            _deferred_cv.notify()
     return True
+
+
+def _kill_walked(name):
+    """SIGKILLs what the cgroups of `name`'s whole tree list until none is left."""
+    for _ in range(100):
+        pids = _procs_of(_subtree("pids", name))
+        if not pids:
+            return
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.01)
 
 
 def _rmdirs(c, rel):
@@ -322,7 +341,7 @@ def _remove(name):
     large to walk here, handed to the remover thread)."""
     if "pids" not in _fds:
         return True
-    if _subtree_upto("pids", name, WALK_MAX) is None and _defer_removal(name):
+    if _subtree_upto("pids", name, WALK_MAX) is None and _defer(name, False):
         return True
     return _remove_all(name)
 
@@ -407,8 +426,19 @@ def _read_pids(path):
 def members(name):
     """The pids in cgroup `name` and in the child cgroups its commands made."""
     rels = _subtree_upto("pids", name, WALK_MAX)
-    if rels is None:
-        return _members_by_proc(name)
+    if rels is not None:
+        return _procs_of(rels)
+    return sorted(set(_members_by_proc(name)) | set(_procs_of(_subtree("pids", name))))
+
+
+def count_members(name):
+    """About how many processes cgroup `name`'s tree holds, without walking a large one (for
+    reports only: jail.rs says what it misses)."""
+    rels = _subtree_upto("pids", name, WALK_MAX)
+    return len(_procs_of(rels)) if rels is not None else len(_members_by_proc(name))
+
+
+def _procs_of(rels):
     return [p for r in rels for p in _read_pids(_path("pids", r + "/cgroup.procs"))]
 
 
@@ -421,7 +451,16 @@ def task_count(name):
 
 
 def kill_members(name):
-    pids = members(name)
+    """SIGKILLs every member of cgroup `name`; how many (the caller tries again until none
+    is left). A large tree is looked up in /proc, and once /proc shows none of its processes
+    the remover thread walks the cgroups' own lists (jail.rs's kill_members says why)."""
+    rels = _subtree_upto("pids", name, WALK_MAX)
+    if rels is not None:
+        pids = _procs_of(rels)
+    else:
+        pids = _members_by_proc(name)
+        if not pids and not _defer(name, True):
+            _kill_walked(name)
     for p in pids:
         try:
             os.kill(p, signal.SIGKILL)
@@ -476,6 +515,22 @@ def _reap_bombs(pids_max, full):
             full.pop(name, None)
 
 
+# With no command running (no exec or background process has cgroups), the longest wait
+# between looks (memwatch.rs QUIET says why); a new exec wakes the watcher at once.
+QUIET_S = 1.0
+_made_event = threading.Event()
+
+
+def _wait_while_quiet():
+    with _lock:
+        quiet = not _by_mark and not _stale
+    if not quiet:
+        return False
+    _made_event.wait(QUIET_S)
+    _made_event.clear()
+    return True
+
+
 def watch(limit_bytes, pids_max):
     """The watcher's loop (a thread); returns at once without cgroups (limit_bytes 0: no
     memory watch)."""
@@ -485,7 +540,8 @@ def watch(limit_bytes, pids_max):
     poll = POLL_S
     looks = 0
     while True:
-        time.sleep(poll)
+        if not _wait_while_quiet():
+            time.sleep(poll)
         looks += 1
         kill_escaped(looks % 10 == 0)
         if pids_max:

@@ -23,6 +23,10 @@ const POLL_IDLE: Duration = Duration::from_millis(100);
 const BOMB_FOR: Duration = Duration::from_millis(1000);
 /// Looks in a row under the mark that clear a suspect (a bomb churns: failed forks exit).
 const BOMB_CLEAR_LOOKS: u32 = 3;
+/// With no command running (no exec or background process has cgroups), the longest wait
+/// between looks: a new exec wakes the watcher at once; this bounds how long a process that
+/// escaped its cgroups just before its exec returned can live.
+const QUIET: Duration = Duration::from_millis(1000);
 /// After a kill, time for the killed processes' memory to be freed before looking again.
 const SETTLE: Duration = Duration::from_millis(100);
 
@@ -37,7 +41,9 @@ pub fn run(limit_bytes: u64) {
     let mut poll = POLL;
     let mut looks: u64 = 0;
     loop {
-        std::thread::sleep(poll);
+        if !jail::wait_while_quiet(QUIET) {
+            std::thread::sleep(poll);
+        }
         looks += 1;
         jail::kill_escaped(looks % 10 == 0);
         if pids_max > 0 {

@@ -291,7 +291,7 @@ pub fn marked_pids(needle: &[u8]) -> Vec<sys::pid_t> {
 pub fn kill_tree(pid: sys::pid_t, needle: &[u8]) -> usize {
     let jail = crate::jail::for_mark(needle);
     let first = match &jail {
-        Some(name) => crate::jail::task_count(name).max(crate::jail::members(name).len()),
+        Some(name) => crate::jail::task_count(name).max(crate::jail::count_members(name)),
         None => marked_pids(needle).len(),
     };
     for _ in 0..100 {
