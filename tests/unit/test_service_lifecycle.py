@@ -83,6 +83,10 @@ class FakeDriver:
         self.containers: set[str] = set()
         self.verbs: list[str] = []
 
+    @staticmethod
+    def bundle_spec(spec: dict[str, Any]) -> dict[str, Any]:
+        return spec
+
     def check(self) -> None:
         pass
 
