@@ -43,7 +43,10 @@ def reaper():
         try:
             pid, status = os.waitpid(-1, 0)
         except ChildProcessError:
-            _have_children.wait()
+            # No child now; a start sets the event. An orphan the kernel hands to PID 1 later
+            # (a fork bomb's, once its parents exit) sets nothing: look again within a second
+            # so such zombies do not pile up (the native agent waits for SIGCHLD: proc.rs).
+            _have_children.wait(timeout=1.0)
             _have_children.clear()
             continue
         except InterruptedError:
@@ -96,24 +99,25 @@ def kill_tree(pid, mark, sig=signal.SIGKILL):
             except OSError:
                 pass
         return first
+    # Passes until one finds no process not yet signalled; the killed are not waited for (one
+    # with SIGKILL pending forks no more; a bomb's exits took gVisor seconds, all of them on
+    # the timed-out reply: proc.rs kill_tree, gh-19). The cgroup goes once empty (jail.sweep).
+    signalled = set()
     for _ in range(100):
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
-        if name:
-            left = jail.kill_members(name)
-        else:
-            pids = marked_pids(mark)
-            for p in pids:
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except OSError:
-                    pass
-            left = len(pids)
-        if not left:
+        fresh = [p for p in (jail.killable(name) if name else marked_pids(mark)) if p not in signalled]
+        for p in fresh:
+            signalled.add(p)
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+        if not fresh:
             break
-        time.sleep(0.01)
+        time.sleep(0.005)
     return first
 
 

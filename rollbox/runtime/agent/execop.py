@@ -11,6 +11,7 @@ import base64
 import itertools
 import os
 import select
+import signal
 import subprocess
 import time
 
@@ -25,6 +26,9 @@ _children_lock, _identity, _home_or_root, _user_kwargs = (children._children_loc
                                                           children._home_or_root, children._user_kwargs)
 make_env, spawn, kill_tree, exit_code_of = children.make_env, children.spawn, children.kill_tree, children.exit_code_of
 EXEC_PIDS_MAX, PIDS_REPORT_AT = children.EXEC_PIDS_MAX, children.PIDS_REPORT_AT
+# How long a tree left behind the pipes keeps its size before the exec returns without it, and
+# how long a running tree may sit at its pids limit before it counts as a fork bomb (ops.rs).
+STABLE_S, LIMIT_HOLD_S = 0.2, 0.3
 
 # Output kept per stream when a request does not say (bytes); the rest is read and dropped.
 DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024
@@ -119,6 +123,14 @@ def op_exec(req, submit):
     tree = 0
     exited_at = None
     grown = 0  # the most tasks seen behind the pipes after the main process exited
+    seen = 0  # the most tasks seen in the exec's cgroup, by this loop or the watcher
+    bomb = False  # a fork bomb (half its pids limit held, or a quarter grown after the exit)
+    base = None  # tasks at the first look after the exit
+    grew_at = start  # when `grown` last rose
+    forking = False  # the tree grew after the main process exited
+    stopped_at = None  # tasks when a bomb's tree was last SIGSTOPped
+    next_look = start  # when the running tree's size is next read (with a deadline)
+    full_since = None  # since when it has been at its pids limit
     deadline = start + timeout if timeout else None
 
     def take(fd):
@@ -136,31 +148,64 @@ def op_exec(req, submit):
         now = time.monotonic()
         if waiter[0].is_set() and exited_at is None:
             exited_at = now
-        # After the main process exits, background children may hold the pipes: stop soon,
-        # unless what holds them keeps growing or is bomb-sized: a fork bomb whose shell
-        # exited (`:(){ :|:& };:`), this exec's work, ended by its timeout (ops.rs).
+        if deadline is not None and exited_at is None and now >= next_look:
+            # A tree at its pids limit for LIMIT_HOLD_S spins on failed forks (a bomb that never
+            # gives up): frozen until its deadline's kill, so that the agent is not starved
+            # into seeing the deadline seconds late (ops.rs).
+            next_look = now + 0.05
+            n = jail.task_count(cg) if cg else 0
+            seen = max(seen, n)
+            if EXEC_PIDS_MAX > 0 and n + 2 >= EXEC_PIDS_MAX:
+                full_since = now if full_since is None else full_since
+                if now - full_since >= LIMIT_HOLD_S and stopped_at != n:
+                    bomb = True
+                    kill_tree(pid, mark, signal.SIGSTOP)
+                    stopped_at = n
+            else:
+                full_since = None
+        # After the main process exits, background children may hold the pipes: return once
+        # the tree has kept its size for STABLE_S (a background server). A tree that forks
+        # after the exit, or has ever held half its pids limit, is a fork bomb whose shell
+        # exited (`:(){ :|:& };:`): this exec's work, frozen once bomb-sized and ended by its
+        # timeout, or (without one) killed now. Forks in gVisor are slow, so one look 50 ms
+        # after the exit saw no growth (ops.rs, gh-19); "ever": a churning bomb's count dips.
         if exited_at is not None and now - exited_at > 0.05:
             n = jail.task_count(cg) if cg else 0
-            if deadline is not None and (n > max(grown, 4) or n * 2 >= EXEC_PIDS_MAX):
-                grown = max(grown, n)
-                exited_at = now
-            else:
+            seen = max(seen, n, jail.peak(cg) if cg else 0)
+            bomb = bomb or (EXEC_PIDS_MAX > 0 and seen * 2 >= EXEC_PIDS_MAX)
+            base = n if base is None else base
+            if n > max(grown, base):
+                grown, grew_at = n, now
+            forking = forking or grown > base + 1
+            if forking and EXEC_PIDS_MAX > 0 and n * 4 >= EXEC_PIDS_MAX:
+                bomb = True
+            if bomb and deadline is None:
+                tree = kill_tree(pid, mark)
                 break
-        if deadline is not None and now >= deadline and (not waiter[0].is_set() or grown):
+            if bomb and stopped_at != n:
+                kill_tree(pid, mark, signal.SIGSTOP)
+                stopped_at = n
+            if not (bomb or (deadline is not None and forking) or now - max(grew_at, exited_at) < STABLE_S):
+                break
+        if deadline is not None and now >= deadline and (not waiter[0].is_set() or forking or bomb):
             timed_out = True
             tree = kill_tree(pid, mark)
             break
-        wait = 0.05
+        wait = 0.025 if exited_at is not None else 0.05
         if deadline is not None:
             wait = max(0.0, min(wait, deadline - now))
         ready, _, _ = select.select(open_fds, [], [], wait)
         for fd in ready:
             if not take(fd):
                 open_fds.remove(fd)
-    if timed_out:
+    # A fork bomb leaves nothing behind, however its exec ended; a background server never
+    # holds half the limit. The watcher's look may have seen what this loop did not.
+    seen = max(seen, jail.peak(cg) if cg else 0)
+    bomb = bomb or (EXEC_PIDS_MAX > 0 and seen * 2 >= EXEC_PIDS_MAX)
+    if timed_out or bomb:
         # Drain what is buffered, then make sure no process of this exec is left.
-        kill_tree(pid, mark)
-    waiter[0].wait(timeout=5 if timed_out else None)
+        tree = max(tree, kill_tree(pid, mark))
+    waiter[0].wait(timeout=5 if timed_out or bomb else None)
     status = waiter[1]
     for fd in (out_r, err_r):
         try:
@@ -175,7 +220,7 @@ def op_exec(req, submit):
     oom_killed = bool(cg) and jail.was_oom_killed(cg) and not timed_out
     # A bomb churns (failed forks exit, retries fork again): the most tasks the watcher saw
     # says more than the count at the kill.
-    pids_limited = timed_out and (tree >= PIDS_REPORT_AT or (bool(cg) and jail.peak(cg) * 4 >= EXEC_PIDS_MAX * 3))
+    pids_limited = bomb or (timed_out and (tree >= PIDS_REPORT_AT or (bool(cg) and jail.peak(cg) * 4 >= EXEC_PIDS_MAX * 3)))
     if cg:
         jail.release(cg, mark)
     return {

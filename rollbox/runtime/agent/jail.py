@@ -450,17 +450,24 @@ def task_count(name):
         return 0
 
 
-def kill_members(name):
-    """SIGKILLs every member of cgroup `name`; how many (the caller tries again until none
-    is left). A large tree is looked up in /proc, and once /proc shows none of its processes
-    the remover thread walks the cgroups' own lists (jail.rs's kill_members says why)."""
+def killable(name):
+    """The members of cgroup `name` to SIGKILL, found without walking a large tree on the
+    caller's path: such a tree is looked up in /proc, and once /proc shows none of its
+    processes the remover thread walks the cgroups' own lists and kills what they hold
+    (jail.rs's kill_members says why)."""
     rels = _subtree_upto("pids", name, WALK_MAX)
     if rels is not None:
-        pids = _procs_of(rels)
-    else:
-        pids = _members_by_proc(name)
-        if not pids and not _defer(name, True):
-            _kill_walked(name)
+        return _procs_of(rels)
+    pids = _members_by_proc(name)
+    if not pids and not _defer(name, True):
+        _kill_walked(name)
+    return pids
+
+
+def kill_members(name):
+    """SIGKILLs every member of cgroup `name` (`killable`); how many (the caller tries again
+    until none is left)."""
+    pids = killable(name)
     for p in pids:
         try:
             os.kill(p, signal.SIGKILL)

@@ -587,8 +587,18 @@ pub fn task_count(name: &str) -> usize {
 /// kills what they still hold: gVisor lists a process whose main thread exited in no /proc
 /// directory, only in its cgroup.procs (break-it trial).
 pub fn kill_members(name: &str) -> usize {
-    let h = match hier() { Some(h) => h, _ => return 0 };
-    let pids = match subtree_upto(&h.pids, name, WALK_MAX) {
+    let pids = killable(name);
+    for p in &pids {
+        unsafe { sys::kill(*p, sys::SIGKILL) };
+    }
+    pids.len()
+}
+
+/// The members of cgroup `name` that `kill_members` signals, found the same way (a large tree
+/// through /proc, its hidden processes by the remover thread).
+pub fn killable(name: &str) -> Vec<sys::pid_t> {
+    let h = match hier() { Some(h) => h, _ => return Vec::new() };
+    match subtree_upto(&h.pids, name, WALK_MAX) {
         Some(rels) => procs_of(&h.pids, &rels),
         None => {
             let seen = members_by_proc(name);
@@ -597,11 +607,7 @@ pub fn kill_members(name: &str) -> usize {
             }
             seen
         }
-    };
-    for p in &pids {
-        unsafe { sys::kill(*p, sys::SIGKILL) };
     }
-    pids.len()
 }
 
 /// Bytes charged to cgroup `name` ("" for the whole sandbox); None without a memory hierarchy.

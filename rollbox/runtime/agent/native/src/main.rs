@@ -353,6 +353,11 @@ fn main() {
         zygote,
     }));
     drop(key);
+    // Before the first thread (they inherit the mask), after the zygote's fork (its own
+    // children keep the default): a handler, never run while blocked, so that no kernel
+    // discards SIGCHLD as ignored before the reaper takes it.
+    unsafe { sys::signal(sys::SIGCHLD, ignore as extern "C" fn(c_int) as usize) };
+    sys::block_sigchld();
     let mem_limit = memwatch::limit_from_env(std::env::var_os("ROLLBOX_MEMORY_MIB").as_deref().map(|v| v.as_bytes()));
     let _ = std::thread::Builder::new().stack_size(64 << 10).spawn(move || memwatch::run(mem_limit));
     std::thread::Builder::new().stack_size(64 << 10).spawn(move || agent.reaper.run()).expect("reaper thread");

@@ -20,6 +20,11 @@ const DEFAULT_MAX_OUTPUT: u64 = 4 * 1024 * 1024;
 const DEFAULT_MAX_READ: u64 = 64 * 1024 * 1024;
 /// After the main process exits, background children may hold its pipes: stop reading then.
 const AFTER_EXIT: Duration = Duration::from_millis(50);
+/// How long a tree left behind the pipes must keep its size before the exec returns without
+/// it (a background server); a fork bomb grows in that time (ops.rs `op_exec`).
+const STABLE: Duration = Duration::from_millis(200);
+/// How long a running exec's tree may sit at its pids limit before it counts as a fork bomb.
+const LIMIT_HOLD: Duration = Duration::from_millis(300);
 
 /// A failed request: `kind` is the reply's `error` code (the daemon maps it to an error class).
 pub struct OpError {
@@ -354,6 +359,14 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
     let deadline = timeout.filter(|t| *t > 0.0).map(|t| start + Duration::from_secs_f64(t.min(1e9)));
     let mut exited_at: Option<Instant> = None;
     let mut grown = 0usize; // the most tasks seen behind the pipes after the main process exited
+    let mut at_exit: Option<usize> = None; // tasks at the first look after the exit
+    let mut grew_at = start; // when `grown` last rose
+    let mut forking = false; // the tree grew after the main process exited
+    let mut stopped_at: Option<usize> = None; // tasks when a bomb's tree was last SIGSTOPped
+    let mut next_look = start; // when the running tree's size is next read (with a deadline)
+    let mut full_since: Option<Instant> = None; // since when it has been at its pids limit
+    let mut seen = 0usize; // the most tasks seen in the exec's cgroup, by this loop or the watcher
+    let mut bomb = false; // the tree held half its pids limit: a fork bomb
     let mut timed_out = false;
     let mut tree = 0usize;
     let mut chunk = vec![0u8; 65536];
@@ -390,25 +403,72 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
             exited_at = Some(now);
         }
         let open = pipes.iter().any(|p| p.is_some());
+        if deadline.is_some() && exited_at.is_none() && now >= next_look {
+            // A tree at its pids limit for LIMIT_HOLD spins on failed forks (a fork bomb that
+            // never gives up): frozen until its deadline's kill, as below, so the agent's
+            // threads are not starved into seeing the deadline seconds late.
+            next_look = now + Duration::from_millis(50);
+            let n = jail.as_ref().map(|j| jail::task_count(&j.name)).unwrap_or(0);
+            let max = proc::exec_pids_max();
+            seen = seen.max(n);
+            if max > 0 && n + 2 >= max {
+                let since = *full_since.get_or_insert(now);
+                if now.duration_since(since) >= LIMIT_HOLD && stopped_at != Some(n) {
+                    bomb = true;
+                    proc::signal_tree(pid, &needle, sys::SIGSTOP);
+                    stopped_at = Some(n);
+                }
+            } else {
+                full_since = None;
+            }
+        }
         if let Some(t) = exited_at {
             if !open {
                 break;
             }
             if now.duration_since(t) >= AFTER_EXIT {
-                // What still holds the pipes is normally a background server: return. A tree
-                // that keeps growing, or is bomb-sized, is a fork bomb whose shell exited
-                // (`:(){ :|:& };:`): this exec's work, ended by its timeout.
+                // What still holds the pipes is normally a background server: return once the
+                // tree has stayed the same size for STABLE. A tree that forks after its main
+                // process exited, or has ever held half its pids limit, is a fork bomb whose
+                // shell exited (`:(){ :|:& };:`): this exec's work, ended by its timeout, or
+                // (without one, once bomb-sized) killed now. Forks inside gVisor are slow (a
+                // bomb added ~25 tasks a second here), so one look 50 ms after the exit, as
+                // before, saw no growth and returned; the bomb then churned on at its limit
+                // (bash retries failed forks for ~15 s) and stalled the sandbox's next
+                // commands for 10-60 s (gh-19). "Ever": a churning bomb's count dips.
                 let n = jail.as_ref().map(|j| jail::task_count(&j.name)).unwrap_or(0);
-                if deadline.is_some() && (n > grown.max(4) || n * 2 >= proc::exec_pids_max()) {
-                    grown = grown.max(n);
-                    exited_at = Some(now);
-                } else {
+                let max = proc::exec_pids_max();
+                seen = seen.max(n).max(jail.as_ref().map(|j| jail::peak(&j.name)).unwrap_or(0));
+                bomb = bomb || (max > 0 && seen * 2 >= max);
+                let base = *at_exit.get_or_insert(n);
+                if n > grown.max(base) {
+                    grown = n;
+                    grew_at = now;
+                }
+                forking = forking || grown > base + 1;
+                if bomb && deadline.is_none() {
+                    tree = proc::kill_tree(pid, &needle);
+                    break;
+                }
+                if forking && n * 4 >= max {
+                    bomb = true; // reported pids_limited, though frozen short of the limit
+                }
+                if bomb && stopped_at != Some(n) {
+                    // A quarter of the limit, grown after the exit: frozen until its
+                    // deadline's kill (what a forking tree behind the pipes gets anyway). A
+                    // bomb churning on to its limit starved the agent's own threads, which
+                    // then saw the deadline seconds late.
+                    proc::signal_tree(pid, &needle, sys::SIGSTOP);
+                    stopped_at = Some(n);
+                }
+                let still = now.duration_since(grew_at.max(t)) < STABLE;
+                if !(bomb || (deadline.is_some() && forking) || still) {
                     break;
                 }
             }
         }
         if let Some(d) = deadline {
-            if now >= d && (!done || grown > 0) {
+            if now >= d && (!done || forking || bomb) {
                 timed_out = true;
                 tree = proc::kill_tree(pid, &needle);
                 break;
@@ -424,7 +484,8 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
             wait = wait.min(d.saturating_duration_since(now));
         }
         if let Some(t) = exited_at {
-            wait = wait.min((t + AFTER_EXIT).saturating_duration_since(now));
+            // Looks every 25 ms once past AFTER_EXIT (a pids.current read each).
+            wait = wait.min((t + AFTER_EXIT).saturating_duration_since(now).max(Duration::from_millis(25)));
         }
         let mut pfds: Vec<sys::PollFd> = Vec::with_capacity(3);
         for p in pipes.iter().flatten() {
@@ -466,11 +527,17 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
         }
     }
     drop(feed);
-    if timed_out {
+    // A fork bomb leaves nothing behind, however its exec ended (a bomb that collapsed by
+    // itself may leave retrying forks churning); a background server never holds half the
+    // limit. Past the loop: the watcher's look may have seen what this loop did not.
+    let max = proc::exec_pids_max();
+    seen = seen.max(jail.as_ref().map(|j| jail::peak(&j.name)).unwrap_or(0));
+    bomb = bomb || (max > 0 && seen * 2 >= max);
+    if timed_out || bomb {
         // Make sure no process of this exec is left (some may have started meanwhile).
-        proc::kill_tree(pid, &needle);
+        tree = tree.max(proc::kill_tree(pid, &needle));
     }
-    let status = waiter.wait(if timed_out { Some(Duration::from_secs(5)) } else { None });
+    let status = waiter.wait(if timed_out || bomb { Some(Duration::from_secs(5)) } else { None });
     if status.is_none() {
         a.reaper.forget(pid);
     }
@@ -485,7 +552,7 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
     // A bomb churns (failed forks exit, retries fork again): the most tasks the watcher saw
     // says more than the count at the kill.
     let peak = jail.as_ref().map(|j| jail::peak(&j.name)).unwrap_or(0);
-    let pids_limited = timed_out && (tree >= proc::pids_report_at() || peak * 4 >= proc::exec_pids_max() * 3);
+    let pids_limited = bomb || (timed_out && (tree >= proc::pids_report_at() || peak * 4 >= max * 3));
     if let Some(j) = jail {
         j.release(&needle);
     }

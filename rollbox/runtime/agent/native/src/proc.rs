@@ -67,7 +67,9 @@ impl Reaper {
         Reaper { state: Mutex::new(ReaperState { waiters: HashMap::new(), have_children: false }), cv: Condvar::new() }
     }
 
-    /// The reaper thread's loop; never returns.
+    /// The reaper thread's loop; never returns. Needs SIGCHLD blocked in every thread of the
+    /// agent (`block_sigchld`, before the first thread), so that it stays pending for this
+    /// thread's `sigtimedwait`.
     pub fn run(&self) -> ! {
         loop {
             let mut status: c_int = 0;
@@ -82,11 +84,15 @@ impl Reaper {
                     w.cv.notify_all();
                 }
             } else if sys::errno() == sys::ECHILD {
-                let mut st = self.state.lock().unwrap();
-                while !st.have_children {
-                    st = self.cv.wait(st).unwrap();
+                // No child now. Any child's exit raises SIGCHLD, a start's as an orphan's
+                // that the kernel hands to PID 1 later (a fork bomb's, once its parents
+                // exit). Waiting for starts alone missed those: they piled up as zombies,
+                // filled RLIMIT_NPROC and stalled the sandbox for 10-60 s (gh-19). The
+                // timeout only bounds a wait should a wake-up ever be lost.
+                if !self.state.lock().unwrap().have_children {
+                    sys::wait_sigchld(Duration::from_secs(5));
                 }
-                st.have_children = false;
+                self.state.lock().unwrap().have_children = false;
             }
         }
     }
@@ -294,22 +300,28 @@ pub fn kill_tree(pid: sys::pid_t, needle: &[u8]) -> usize {
         Some(name) => crate::jail::task_count(name).max(crate::jail::count_members(name)),
         None => marked_pids(needle).len(),
     };
+    // Passes until one finds no process it has not signalled yet; it does not wait for the
+    // killed to exit: a process with SIGKILL pending forks no more, and a fork bomb's few
+    // hundred exits took gVisor 0.7-11 s here under the bomb's own load, all of it on the
+    // timed-out exec's reply (gh-19). Its cgroup goes once empty (jail.rs `sweep`).
+    let mut signalled: std::collections::HashSet<sys::pid_t> = std::collections::HashSet::new();
     for _ in 0..100 {
         unsafe { sys::kill(-pid, sys::SIGKILL) };
-        let left = match &jail {
-            Some(name) => crate::jail::kill_members(name),
-            None => {
-                let pids = marked_pids(needle);
-                for p in &pids {
-                    unsafe { sys::kill(*p, sys::SIGKILL) };
-                }
-                pids.len()
-            }
+        let pids = match &jail {
+            Some(name) => crate::jail::killable(name),
+            None => marked_pids(needle),
         };
-        if left == 0 {
+        let mut fresh = 0;
+        for p in pids {
+            if signalled.insert(p) {
+                unsafe { sys::kill(p, sys::SIGKILL) };
+                fresh += 1;
+            }
+        }
+        if fresh == 0 {
             break;
         }
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(5));
     }
     first
 }

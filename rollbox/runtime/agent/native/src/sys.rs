@@ -12,7 +12,7 @@ pub use libc::{
     read, sethostname, setgid, setgroups, setsid, setuid, sigemptyset, sigfillset, signal, sigprocmask, sigset_t,
     umount2, waitpid, write, EAGAIN, ECHILD, EINTR, ENOENT, MNT_DETACH, O_RDONLY, POLLERR, POLLHUP,
     POLLIN, POLLNVAL, POLLOUT, POSIX_SPAWN_SETSID, POSIX_SPAWN_SETSIGDEF, POSIX_SPAWN_SETSIGMASK, PR_CAPBSET_DROP,
-    PR_SET_DUMPABLE, SIGKILL, SIG_DFL, SIG_IGN, SIG_SETMASK, TIOCSCTTY, O_NONBLOCK, pipe2,
+    PR_SET_DUMPABLE, SIGCHLD, SIGKILL, SIGSTOP, SIG_DFL, SIG_IGN, SIG_SETMASK, TIOCSCTTY, O_NONBLOCK, pipe2,
 };
 
 /// linux/capability.h (the libc crate has no capability constants).
@@ -135,5 +135,27 @@ pub fn exit_code_of(status: c_int) -> c_long {
         128 + s as c_long
     } else {
         -1
+    }
+}
+
+/// Blocks SIGCHLD in the calling thread, and so in every thread it starts after: the reaper
+/// takes it with `wait_sigchld`. Children get an empty mask (`proc::launch`).
+pub fn block_sigchld() {
+    unsafe {
+        let mut set: sigset_t = std::mem::zeroed();
+        sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Waits until SIGCHLD is pending (taking it) or `timeout` passes.
+pub fn wait_sigchld(timeout: std::time::Duration) {
+    unsafe {
+        let mut set: sigset_t = std::mem::zeroed();
+        sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+        libc::sigtimedwait(&set, std::ptr::null_mut(), &ts);
     }
 }
