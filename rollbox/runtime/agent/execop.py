@@ -122,8 +122,8 @@ def op_exec(req, submit):
     timed_out = False
     tree = 0
     exited_at = None
-    grown = 0  # the most tasks seen behind the pipes after the main process exited
-    seen = 0  # the most tasks seen in the exec's cgroup, by this loop or the watcher
+    grown = 0  # the most processes seen behind the pipes after the main process exited
+    seen = 0  # the most processes this loop saw in the exec's cgroup
     bomb = False  # a fork bomb (half its pids limit held, or a quarter grown after the exit)
     base = None  # tasks at the first look after the exit
     grew_at = start  # when `grown` last rose
@@ -154,13 +154,16 @@ def op_exec(req, submit):
             # into seeing the deadline seconds late (ops.rs).
             next_look = now + 0.05
             n = jail.task_count(cg) if cg else 0
-            seen = max(seen, n)
-            if EXEC_PIDS_MAX > 0 and n + 2 >= EXEC_PIDS_MAX:
+            at_limit = EXEC_PIDS_MAX > 0 and n + 2 >= EXEC_PIDS_MAX
+            # Processes, not tasks: one program's many threads at the limit is no bomb.
+            procs = jail.count_members(cg) if cg and at_limit else 0
+            seen = max(seen, procs)
+            if at_limit and procs * 2 >= EXEC_PIDS_MAX:
                 full_since = now if full_since is None else full_since
-                if now - full_since >= LIMIT_HOLD_S and stopped_at != n:
+                if now - full_since >= LIMIT_HOLD_S and stopped_at != procs:
                     bomb = True
                     kill_tree(pid, mark, signal.SIGSTOP)
-                    stopped_at = n
+                    stopped_at = procs
             else:
                 full_since = None
         # After the main process exits, background children may hold the pipes: return once
@@ -170,18 +173,23 @@ def op_exec(req, submit):
         # timeout, or (without one) killed now. Forks in gVisor are slow, so one look 50 ms
         # after the exit saw no growth (ops.rs, gh-19); "ever": a churning bomb's count dips.
         if exited_at is not None and now - exited_at > 0.05:
-            n = jail.task_count(cg) if cg else 0
-            seen = max(seen, n, jail.peak(cg) if cg else 0)
-            bomb = bomb or (EXEC_PIDS_MAX > 0 and seen * 2 >= EXEC_PIDS_MAX)
+            # Processes, not tasks (pids.current counts threads): a background server that
+            # starts its thread pool is not forking.
+            n = jail.count_members(cg) if cg else 0
+            tasks = jail.task_count(cg) if cg else 0
+            seen = max(seen, n)
             base = n if base is None else base
             if n > max(grown, base):
                 grown, grew_at = n, now
             forking = forking or grown > base + 1
-            if forking and EXEC_PIDS_MAX > 0 and n * 4 >= EXEC_PIDS_MAX:
+            # At its limit, mostly in processes: forks fail; only a bomb gets there.
+            full = EXEC_PIDS_MAX > 0 and tasks + 2 >= EXEC_PIDS_MAX and n * 2 >= EXEC_PIDS_MAX
+            if full and deadline is None:
                 bomb = True
-            if bomb and deadline is None:
                 tree = kill_tree(pid, mark)
                 break
+            if full or (deadline is not None and forking and n * 4 >= EXEC_PIDS_MAX):
+                bomb = True  # reported pids_limited, though frozen short of the limit
             if bomb and stopped_at != n:
                 kill_tree(pid, mark, signal.SIGSTOP)
                 stopped_at = n
@@ -198,10 +206,11 @@ def op_exec(req, submit):
         for fd in ready:
             if not take(fd):
                 open_fds.remove(fd)
-    # A fork bomb leaves nothing behind, however its exec ended; a background server never
-    # holds half the limit. The watcher's look may have seen what this loop did not.
-    seen = max(seen, jail.peak(cg) if cg else 0)
-    bomb = bomb or (EXEC_PIDS_MAX > 0 and seen * 2 >= EXEC_PIDS_MAX)
+    # A forking tree that let go of the pipes by itself while the watcher saw it at half its
+    # limit is a bomb that collapsed: reported, and what it left is killed (ops.rs).
+    if (not timed_out and forking and not open_fds and cg and EXEC_PIDS_MAX > 0
+            and jail.peak(cg) * 2 >= EXEC_PIDS_MAX):
+        bomb = True
     if timed_out or bomb:
         # Drain what is buffered, then make sure no process of this exec is left.
         tree = max(tree, kill_tree(pid, mark))

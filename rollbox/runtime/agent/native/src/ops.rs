@@ -358,15 +358,15 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
     };
     let deadline = timeout.filter(|t| *t > 0.0).map(|t| start + Duration::from_secs_f64(t.min(1e9)));
     let mut exited_at: Option<Instant> = None;
-    let mut grown = 0usize; // the most tasks seen behind the pipes after the main process exited
+    let mut grown = 0usize; // the most processes seen behind the pipes after the main process exited
     let mut at_exit: Option<usize> = None; // tasks at the first look after the exit
     let mut grew_at = start; // when `grown` last rose
     let mut forking = false; // the tree grew after the main process exited
-    let mut stopped_at: Option<usize> = None; // tasks when a bomb's tree was last SIGSTOPped
+    let mut stopped_at: Option<usize> = None; // processes when a bomb's tree was last SIGSTOPped
     let mut next_look = start; // when the running tree's size is next read (with a deadline)
     let mut full_since: Option<Instant> = None; // since when it has been at its pids limit
-    let mut seen = 0usize; // the most tasks seen in the exec's cgroup, by this loop or the watcher
-    let mut bomb = false; // the tree held half its pids limit: a fork bomb
+    let mut seen = 0usize; // the most processes this loop saw in the exec's cgroup
+    let mut bomb = false; // a fork bomb (in processes: half its pids limit, or a quarter grown after the exit)
     let mut timed_out = false;
     let mut tree = 0usize;
     let mut chunk = vec![0u8; 65536];
@@ -410,13 +410,15 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
             next_look = now + Duration::from_millis(50);
             let n = jail.as_ref().map(|j| jail::task_count(&j.name)).unwrap_or(0);
             let max = proc::exec_pids_max();
-            seen = seen.max(n);
-            if max > 0 && n + 2 >= max {
+            // Processes, not tasks: one program's many threads at the limit is no bomb.
+            let procs = if max > 0 && n + 2 >= max { jail.as_ref().map(|j| jail::count_members(&j.name)).unwrap_or(0) } else { 0 };
+            seen = seen.max(procs);
+            if max > 0 && n + 2 >= max && procs * 2 >= max {
                 let since = *full_since.get_or_insert(now);
-                if now.duration_since(since) >= LIMIT_HOLD && stopped_at != Some(n) {
+                if now.duration_since(since) >= LIMIT_HOLD && stopped_at != Some(procs) {
                     bomb = true;
                     proc::signal_tree(pid, &needle, sys::SIGSTOP);
-                    stopped_at = Some(n);
+                    stopped_at = Some(procs);
                 }
             } else {
                 full_since = None;
@@ -436,21 +438,26 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
                 // before, saw no growth and returned; the bomb then churned on at its limit
                 // (bash retries failed forks for ~15 s) and stalled the sandbox's next
                 // commands for 10-60 s (gh-19). "Ever": a churning bomb's count dips.
-                let n = jail.as_ref().map(|j| jail::task_count(&j.name)).unwrap_or(0);
+                // Processes, not tasks (pids.current counts threads): a background server
+                // that starts its thread pool is not forking.
+                let n = jail.as_ref().map(|j| jail::count_members(&j.name)).unwrap_or(0);
+                let tasks = jail.as_ref().map(|j| jail::task_count(&j.name)).unwrap_or(0);
                 let max = proc::exec_pids_max();
-                seen = seen.max(n).max(jail.as_ref().map(|j| jail::peak(&j.name)).unwrap_or(0));
-                bomb = bomb || (max > 0 && seen * 2 >= max);
+                seen = seen.max(n);
                 let base = *at_exit.get_or_insert(n);
                 if n > grown.max(base) {
                     grown = n;
                     grew_at = now;
                 }
                 forking = forking || grown > base + 1;
-                if bomb && deadline.is_none() {
+                // At its limit, mostly in processes: forks fail; only a bomb gets there.
+                let full = max > 0 && tasks + 2 >= max && n * 2 >= max;
+                if full && deadline.is_none() {
+                    bomb = true;
                     tree = proc::kill_tree(pid, &needle);
                     break;
                 }
-                if forking && n * 4 >= max {
+                if full || (deadline.is_some() && forking && n * 4 >= max) {
                     bomb = true; // reported pids_limited, though frozen short of the limit
                 }
                 if bomb && stopped_at != Some(n) {
@@ -527,12 +534,14 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
         }
     }
     drop(feed);
-    // A fork bomb leaves nothing behind, however its exec ended (a bomb that collapsed by
-    // itself may leave retrying forks churning); a background server never holds half the
-    // limit. Past the loop: the watcher's look may have seen what this loop did not.
+    // A forking tree that let go of the pipes by itself while the watcher saw it at half its
+    // limit is a bomb that collapsed (bash gives its failed forks up): reported, and what it
+    // may have left churning (retrying forks) is killed. A fork bomb leaves nothing behind.
     let max = proc::exec_pids_max();
-    seen = seen.max(jail.as_ref().map(|j| jail::peak(&j.name)).unwrap_or(0));
-    bomb = bomb || (max > 0 && seen * 2 >= max);
+    let peak = jail.as_ref().map(|j| jail::peak(&j.name)).unwrap_or(0);
+    if !timed_out && forking && pipes.iter().all(|p| p.is_none()) && max > 0 && peak * 2 >= max {
+        bomb = true;
+    }
     if timed_out || bomb {
         // Make sure no process of this exec is left (some may have started meanwhile).
         tree = tree.max(proc::kill_tree(pid, &needle));
@@ -551,7 +560,6 @@ pub fn op_exec(a: &Agent, req: &Value) -> OpResult {
     let oom_killed = jail.as_ref().map(|j| jail::was_oom_killed(&j.name)).unwrap_or(false);
     // A bomb churns (failed forks exit, retries fork again): the most tasks the watcher saw
     // says more than the count at the kill.
-    let peak = jail.as_ref().map(|j| jail::peak(&j.name)).unwrap_or(0);
     let pids_limited = bomb || (timed_out && (tree >= proc::pids_report_at() || peak * 4 >= max * 3));
     if let Some(j) = jail {
         j.release(&needle);
