@@ -9,6 +9,8 @@ Run as root from the repository root: `.venv/bin/python -m bench.humaneval [--qu
   client against `rollbox serve-fusion` (container episodes; bench.fusion), issue #17's row.
 - rollbox `sandbox`: SandboxPool(snapshot, warm=C), each program in a fresh gVisor sandbox.
 - rollbox `runc`: a fresh runc sandbox per program (Sandbox(runtime="runc")).
+- rollbox `runc_container`: SandboxPool(snapshot, isolation="container", runtime="runc"), each
+  program in a fresh container inside pooled runc sandboxes (on the host kernel).
 - raw `runsc` restore -> exec -> delete per program (bench.bench's RawRunsc; the same
   checkpoint kind rollbox uses), the floor of one gVisor restore per episode.
 - raw `runc run` of `python3 -c PROGRAM` per program on a fresh overlay of the base image
@@ -115,14 +117,15 @@ class PoolRunner:
     mode: the C spares restored), as a trainer's pool is between batches and as the fusion row
     is warmed; the measured call then runs on it and closes it."""
 
-    def __init__(self, snapshot_id: str, isolation: str) -> None:
-        self.snapshot_id, self.isolation = snapshot_id, isolation
+    def __init__(self, snapshot_id: str, isolation: str, runtime: str = "gvisor") -> None:
+        self.snapshot_id, self.isolation, self.runtime = snapshot_id, isolation, runtime
         self.pool: Any = None
 
     def warm(self, concurrency: int, progs: list[str]) -> None:
         from rollbox import SandboxPool
         warm = concurrency if self.isolation == "sandbox" else 0
-        self.pool = SandboxPool(self.snapshot_id, max_concurrency=concurrency, warm=warm, isolation=self.isolation)
+        self.pool = SandboxPool(self.snapshot_id, max_concurrency=concurrency, warm=warm, isolation=self.isolation,
+                                runtime=self.runtime)
         list(self.pool.map(rollbox_episode, progs[:2 * concurrency], timeout=TIMEOUT_S + 30, retries=1))
         # Settle: the spares the warm-up round used are restored again (sandbox mode), and the
         # snapshot-making sandbox's teardown and the first restores' runsc processes are done.
@@ -139,8 +142,8 @@ class PoolRunner:
         return [(r.status == "ok" and r.reward == 1.0, r.wall_s * 1000) for r in res]
 
 
-def run_pool(snapshot_id: str, isolation: str) -> PoolRunner:
-    return PoolRunner(snapshot_id, isolation)
+def run_pool(snapshot_id: str, isolation: str, runtime: str = "gvisor") -> PoolRunner:
+    return PoolRunner(snapshot_id, isolation, runtime)
 
 
 def run_runc() -> Callable[[list[str], int], list[tuple[bool, float]]]:
@@ -189,8 +192,8 @@ def print_rows(rows: list[Row]) -> None:
 
 
 def run_section(levels: list[int], limit: int | None = None,
-                modes: tuple[str, ...] = ("container", "fusion", "sandbox", "runc", "raw_runsc", "raw_runc",
-                                          "unisolated")
+                modes: tuple[str, ...] = ("container", "fusion", "sandbox", "runc", "runc_container", "raw_runsc",
+                                          "raw_runc", "unisolated")
                 ) -> dict[str, Any]:
     """The HumanEval rows at each concurrency in `levels`, printed as one table; returns the
     JSON keys (`humaneval_<mode>_c8_per_s`, `..._cpu_ms`) and the rows."""
@@ -215,6 +218,8 @@ def run_section(levels: list[int], limit: int | None = None,
             runners["sandbox"] = run_pool(snap, "sandbox")
         if "runc" in modes:
             runners["runc"] = run_runc()
+        if "runc_container" in modes:
+            runners["runc_container"] = run_pool(snap, "container", "runc")
         if "raw_runsc" in modes:
             from bench.raw_humaneval import run_raw_runsc
             runners["raw_runsc"] = run_raw_runsc()
@@ -247,7 +252,8 @@ def run_section(levels: list[int], limit: int | None = None,
             out[f"humaneval_{r.name}_c{top}_cpu_ms"] = round(r.cpu_ms, 1)
     base = {r.name: r for r in rows if r.concurrency == top}
     for a, b in (("container", "unisolated"), ("container", "sandbox"), ("sandbox", "raw_runsc"),
-                 ("container", "raw_runsc"), ("fusion", "container"), ("runc", "raw_runc")):
+                 ("container", "raw_runsc"), ("fusion", "container"), ("runc", "raw_runc"),
+                 ("runc_container", "raw_runc"), ("runc_container", "unisolated")):
         if a in base and b in base:
             print(f"{a} / {b} at c={top}: {base[a].per_s / base[b].per_s:.2f}x")
     out["humaneval_rows"] = [asdict(r) for r in rows]
@@ -258,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rollbox bench humaneval", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="concurrency 8 only")
     ap.add_argument("--limit", type=int, default=None, help="first N problems only")
-    ap.add_argument("--modes", default="container,fusion,sandbox,runc,raw_runsc,raw_runc,unisolated")
+    ap.add_argument("--modes", default="container,fusion,sandbox,runc,runc_container,raw_runsc,raw_runc,unisolated")
     args = ap.parse_args(argv)
     out = run_section([8] if args.quick else [1, 4, 8], args.limit, tuple(args.modes.split(",")))
     print(json.dumps(out))

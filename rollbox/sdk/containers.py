@@ -69,15 +69,18 @@ class EpisodePoolClient:
 
     The pool is leased to this client: a daemon thread renews the lease every `lease_s / 3`
     seconds, and the daemon closes a pool it has not heard from for `lease_s` (so a dead
-    trainer's pooled sandboxes end within ~a minute). Use `close()` when done."""
+    trainer's pooled sandboxes end within ~a minute). Use `close()` when done.
+
+    runtime: "gvisor" (pooled sandboxes restored from the snapshot) or "runc" (pooled runc
+    sandboxes booted with the snapshot's files; the containers share the host kernel)."""
 
     def __init__(self, client: Client, snapshot_id: str, *, max_concurrency: int, sandboxes: int | None = None,
                  episodes_per_sandbox: int | None = None, keep_warm_seconds: float | None = 600,
-                 tags: dict[str, str] | None = None, lease_s: float = 60.0) -> None:
+                 tags: dict[str, str] | None = None, lease_s: float = 60.0, runtime: str = "gvisor") -> None:
         self.client = client
         body: dict[str, Any] = {"snapshot_id": snapshot_id, "max_concurrency": max_concurrency,
                                 "sandboxes": sandboxes, "keep_warm_seconds": keep_warm_seconds, "tags": tags or {},
-                                "lease_s": lease_s}
+                                "lease_s": lease_s, "runtime": runtime}
         if episodes_per_sandbox is not None:
             body["episodes_per_sandbox"] = episodes_per_sandbox
         self._body = body

@@ -51,6 +51,9 @@ Outcome = tuple[str, Any, "str | None", "SandboxInstance | None", "float | None"
 # strongest: episodes share only the host kernel behind gVisor); "container" = a fresh
 # container per episode inside pooled gVisor sandboxes (episodes share a gVisor kernel).
 ISOLATIONS = ("sandbox", "container")
+# Where container-mode episodes run: "gvisor" (pooled gVisor sandboxes) or "runc" (pooled runc
+# sandboxes booted with the snapshot's files: the episodes share the host kernel).
+RUNTIMES = ("gvisor", "runc")
 
 
 def reward_of(value: Any) -> float | None:
@@ -93,6 +96,12 @@ class SandboxPool:
         episodes_per_sandbox: container mode: episodes a pooled sandbox serves before it is
             replaced by a fresh restore (default 256); any oom, timeout or infrastructure
             fault replaces it at once.
+        runtime: container mode only: "gvisor" (default) or "runc" (pooled runc sandboxes
+            booted with the snapshot's image, limits and files, but not its memory or running
+            processes: runc has no memory snapshots here; each container gets the runc tier's
+            seccomp denylist and Docker's masked /proc, and episodes share the HOST kernel).
+
+    Raises InvalidArgument for a bad argument, e.g. runtime="runc" with isolation="sandbox".
 
     Use as a context manager or call `close()`; closing waits for teardowns in flight.
     """
@@ -101,9 +110,15 @@ class SandboxPool:
                  warm: int = 0, warm_idle_seconds: float = 300.0, client: Client | None = None,
                  fn: Callable[[SandboxInstance, Any], Any] | None = None, scale_down_after_s: float = 2.0,
                  backend: str | None = None, isolation: str = "sandbox",
-                 episodes_per_sandbox: int | None = None, lease_s: float = 60.0) -> None:
+                 episodes_per_sandbox: int | None = None, lease_s: float = 60.0, runtime: str = "gvisor") -> None:
         if isolation not in ISOLATIONS:
             raise errors.InvalidArgument(f"isolation={isolation!r} must be one of {', '.join(ISOLATIONS)}")
+        if runtime not in RUNTIMES:
+            raise errors.InvalidArgument(f"runtime={runtime!r} must be one of {', '.join(RUNTIMES)}")
+        if runtime == "runc" and isolation != "container":
+            raise errors.InvalidArgument(
+                "runtime='runc' needs isolation='container': runc has no memory snapshots to restore an episode "
+                "sandbox from (for a fresh runc sandbox per episode, use Sandbox(runtime='runc').create())")
         if not isinstance(snapshot_id, str) or not snapshot_id:
             raise errors.InvalidArgument(f"snapshot_id={snapshot_id!r} must be a snapshot id string ('sn-...')")
         if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
@@ -111,6 +126,7 @@ class SandboxPool:
         self.snapshot_id = snapshot_id
         self.max_concurrency = max_concurrency
         self.isolation = isolation
+        self.runtime = runtime
         self.episodes_per_sandbox = episodes_per_sandbox
         self._containers: EpisodePoolClient | None = None
         self._containers_lock = threading.Lock()
@@ -164,7 +180,7 @@ class SandboxPool:
                 self._containers = EpisodePoolClient(
                     self._client, self.snapshot_id, max_concurrency=self.max_concurrency,
                     episodes_per_sandbox=self.episodes_per_sandbox, keep_warm_seconds=self.keep_warm_seconds,
-                    tags={"rollbox.pool": self.pool_id}, lease_s=self.lease_s)
+                    tags={"rollbox.pool": self.pool_id}, lease_s=self.lease_s, runtime=self.runtime)
             return self._containers
 
     def _hold_lease(self, warm_snapshot: str | None = None) -> None:

@@ -56,8 +56,12 @@ class Booter:
                    resume: bool = False, net: NetworkSpec | None = None,
                    host_ports: dict[int, int] | None = None, gpus: list[Gpu] | None = None,
                    privileged: bool = False, disk_mib: int | None = None, runtime: str = "gvisor",
-                   pids: int = DEFAULT_PIDS) -> SandboxInfo:
+                   pids: int = DEFAULT_PIDS, files_from: SnapshotMeta | None = None,
+                   containers: bool = False) -> SandboxInfo:
         """Starts one sandbox (a fresh boot, or from `snapshot`) once admission lets it.
+
+        files_from: a fresh boot that starts with this snapshot's files (its overlay upper),
+        not its memory. containers: the sandbox hosts episode containers (BundleSpec's).
 
         Raises:
             InvalidArgument: limits, environment, disk cap or pids out of range.
@@ -89,7 +93,8 @@ class Booter:
                                          snapshot=snapshot, fork_index=fork_index, volumes=volumes, tags=tags,
                                          resume=resume, binds=binds, t0=t0, net=net,
                                          host_ports=host_ports or {}, gpus=gpus or [], privileged=privileged,
-                                         disk_mib=disk_mib, runtime=runtime, pids=pids)
+                                         disk_mib=disk_mib, runtime=runtime, pids=pids,
+                                         files_from=files_from, containers=containers)
         except BaseException:
             if sandbox_id not in self.reg.live:
                 self.reg.mounts.release(sandbox_id)
@@ -101,7 +106,8 @@ class Booter:
                      resume: bool, binds: tuple[tuple[str, str, bool], ...], t0: float,
                      net: NetworkSpec | None, host_ports: dict[int, int], gpus: list[Gpu],
                      privileged: bool, disk_mib: int | None, runtime: str = "gvisor",
-                     pids: int = DEFAULT_PIDS) -> SandboxInfo:
+                     pids: int = DEFAULT_PIDS, files_from: SnapshotMeta | None = None,
+                     containers: bool = False) -> SandboxInfo:
         ctx = self.ctx
         if disk_free_bytes(ctx.paths.home) < MIN_FREE_DISK:
             raise errors.ResourceExhausted(
@@ -139,7 +145,10 @@ class Booter:
                 await asyncio.to_thread(copy_tree, ctx.snapshots.upper_dir(snapshot.snapshot_id), upper)
             else:
                 # The agent reads its key from the root and deletes it before any command runs.
-                upper.mkdir(mode=0o755)
+                if files_from is not None:
+                    await asyncio.to_thread(copy_tree, ctx.snapshots.upper_dir(files_from.snapshot_id), upper)
+                else:
+                    upper.mkdir(mode=0o755)
                 kf = upper / ".rollbox-key"
                 kf.write_bytes(key)
                 kf.chmod(0o600)
@@ -156,7 +165,8 @@ class Booter:
                                        cpu=cpu, memory_mib=memory_mib, env=env, binds=binds, hostname=sandbox_id,
                                        netns_path=slot.sandbox_ns_path if slot else None,
                                        devices=tuple(gpu_devices(gpus)) if gpus else (), privileged=privileged,
-                                       pids=pids, platform=platform or DEFAULT_PLATFORM, tmpfs=tuple(tmpfs.items())),
+                                       pids=pids, platform=platform or DEFAULT_PLATFORM, tmpfs=tuple(tmpfs.items()),
+                                       containers=containers),
                          driver.bundle_spec)
             fin, fout = make_fifos(d)
             sb_in, sb_out = open_for_sandbox(fin, fout)
@@ -273,6 +283,19 @@ class Booter:
                                           ttfc_ms=(time.monotonic() - t0) * 1000)
             return self.reg.info(sid)
         return await self.restore(snapshot_id, keep_warm_seconds=keep_warm_seconds, tags=tags)
+
+    async def boot_from_files(self, snapshot_id: str, *, runtime: str, keep_warm_seconds: float | None = 600,
+                              tags: dict[str, str] | None = None) -> SandboxInfo:
+        """A fresh sandbox on `runtime` with the snapshot's image, limits, environment,
+        volumes, disk cap and files, but not its memory (runc has no memory snapshots here:
+        processes it ran and files in its memory-backed mounts are not there), ready to
+        host episode containers. Raises SnapshotNotFound for an unknown id."""
+        meta = self.ctx.snapshots.meta(snapshot_id)
+        with in_use(self.reg.snapshot_users, [snapshot_id]):
+            return await self.boot(sandbox_id=new_sandbox_id(), image_id=meta.image_id, cpu=meta.cpu,
+                                   memory_mib=meta.memory_mib, env=meta.env, keep_warm_seconds=keep_warm_seconds,
+                                   volumes=meta.volumes, tags=tags, disk_mib=meta.disk_mib, runtime=runtime,
+                                   pids=meta.pids or DEFAULT_PIDS, files_from=meta, containers=True)
 
     async def restore(self, snapshot_id: str, *, keep_warm_seconds: float | None = 600,
                       fork_index: int | None = None, tags: dict[str, str] | None = None) -> SandboxInfo:

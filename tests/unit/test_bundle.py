@@ -128,3 +128,58 @@ def test_volume_binds_read_only_or_not():
     mounts = {m["destination"]: m for m in s["mounts"]}
     assert "rw" in mounts["/a"]["options"] and "ro" not in mounts["/a"]["options"]
     assert "ro" in mounts["/b"]["options"] and "rw" not in mounts["/b"]["options"]
+
+
+def test_runc_sandbox_hosting_containers_lets_only_its_zygote_mount_gh15():
+    """A runc sandbox of an episode pool keeps CAP_SYS_ADMIN (its agent drops it from the
+    bounding set) and may mount and unshare, in a cgroup namespace of its own; any other runc
+    sandbox keeps the full denylist. Both tell the agent they run on the host kernel."""
+    plain = runc_spec(oci_spec(spec()))
+    pooled = runc_spec(oci_spec(spec(containers=True)))
+    denied = lambda s: set(s["linux"]["seccomp"]["syscalls"][0]["names"])  # noqa: E731
+    assert {"mount", "umount2", "pivot_root", "unshare", "setns", "ptrace", "bpf"} <= denied(plain)
+    assert not {"mount", "umount2", "pivot_root", "unshare", "setns"} & denied(pooled)
+    assert {"ptrace", "bpf", "keyctl", "open_by_handle_at", "io_uring_setup"} <= denied(pooled)
+    assert "CAP_SYS_ADMIN" not in plain["process"]["capabilities"]["bounding"]
+    assert "CAP_SYS_ADMIN" in pooled["process"]["capabilities"]["bounding"]
+    assert {"type": "cgroup"} in pooled["linux"]["namespaces"]
+    assert {"type": "cgroup"} not in plain["linux"]["namespaces"]
+    for s in (plain, pooled):
+        env = s["process"]["env"]
+        assert "ROLLBOX_RUNTIME=runc" in env and not any(e.startswith("ROLLBOX_CONTAINERS=") for e in env)
+
+
+def _run_bpf(code: bytes, nr: int, arch: int = 0xC000003E, arg0: int = 0) -> int:
+    """Classic BPF, as much of it as agent/seccomp.py uses, over struct seccomp_data."""
+    import struct
+    data = struct.pack("<iI Q 6Q", nr, arch, 0, arg0 & 0xFFFFFFFFFFFFFFFF, 0, 0, 0, 0, 0)
+    insns = [struct.unpack("HBBI", code[i:i + 8]) for i in range(0, len(code), 8)]
+    pc, acc = 0, 0
+    while True:
+        op, jt, jf, k = insns[pc]
+        pc += 1
+        if op == 0x20:
+            acc = struct.unpack_from("<I", data, k)[0]
+        elif op == 0x06:
+            return k
+        else:
+            hit = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[op]
+            pc += jt if hit else jf
+
+
+def test_container_seccomp_filter_denies_the_runc_denylist_gh15():
+    from rollbox.runtime.agent import seccomp
+    from rollbox.runtime.runc import DENIED_SYSCALLS
+    code = seccomp.program()
+    allow, eperm, enosys = 0x7FFF0000, 0x00050001, 0x00050026
+    assert set(seccomp.DENIED) == set(DENIED_SYSCALLS) - {"stime", "umount", "vm86", "vm86old"}
+    for nr in seccomp.DENIED.values():
+        assert _run_bpf(code, nr) == eperm, nr
+    for nr in (0, 1, 2, 57, 59, 60, 231):  # read, write, open, fork, execve, exit, exit_group
+        assert _run_bpf(code, nr) == allow, nr
+    assert _run_bpf(code, 435) == enosys  # clone3: libc falls back to clone
+    assert _run_bpf(code, 56, arg0=0x01200011) == allow  # clone as fork() makes it (SIGCHLD|...)
+    assert _run_bpf(code, 56, arg0=0x10000000) == eperm  # CLONE_NEWUSER
+    assert _run_bpf(code, 56, arg0=0x20000000 | 17) == eperm  # CLONE_NEWPID
+    assert _run_bpf(code, 0, arch=0x40000003) == eperm  # i386: every call refused
+    assert _run_bpf(code, 0x40000000 | 1) == eperm  # x32

@@ -433,8 +433,9 @@ def main():
     # zygote keeps it (containers need mount and clone namespaces); no command ever has it.
     zygote = zygotelink.ZygoteLink(_key, send)
     # Per-exec cgroups (jail.py) need CAP_SYS_ADMIN to mount, and no command may run yet.
-    # Only as a sandbox's PID 1: on a host (the unit tests) they would be the host's own.
-    if os.getpid() == 1:
+    # Only as a sandbox's PID 1 under gVisor: on a host (the unit tests) or on runc (the host
+    # kernel: ROLLBOX_RUNTIME=runc) they would be the host's own hierarchies.
+    if os.getpid() == 1 and os.environ.get("ROLLBOX_RUNTIME") != "runc":
         jail.init()
     try:
         mem_limit = int(os.environ.pop("ROLLBOX_MEMORY_MIB", "0") or 0) << 20

@@ -172,7 +172,7 @@ class ContainerInit:
         # gVisor delivers signals to a PID namespace's init from inside it (Linux drops those
         # the init has no handler for): `kill -TERM 1` in a container must not end its init.
         # A handler, not SIG_IGN, so that what the init execs gets the default back.
-        for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGPIPE"):
+        for name in warm_python.INIT_HANDLED:
             signal.signal(getattr(signal, name), lambda *_: None)
 
     def reply(self, req, res):

@@ -32,7 +32,7 @@ _ID_RE = re.compile(rb'"id":(-?[0-9]+)')
 
 
 class Inits:
-    """Mixed into zygote.Zygote, whose `containers`, `by_fd`, `bounding` and `reply` it uses."""
+    """Mixed into zygote.Zygote, whose `containers`, `by_fd`, `confine` and `reply` it uses."""
 
     def new_init(self, c):
         """Clones the container's init; it sets itself up and serves what is on its socket."""
@@ -40,7 +40,7 @@ class Inits:
         pid = nsutil.clone_container()
         if pid == 0:
             parent.close()
-            init_main(child, c, self.bounding)
+            init_main(child, c, self.confine)
         child.close()
         parent.setblocking(False)
         ns = nsutil.pid_namespace(pid)
@@ -147,7 +147,7 @@ class Inits:
             write_all(1, frame)
 
 
-def init_main(sock, c, bounding):
+def init_main(sock, c, confine):
     """The container's init, right after clone(): set up, then serve `sock` (never returns)."""
     try:
         os.dup2(sock.fileno(), 0)
@@ -155,7 +155,8 @@ def init_main(sock, c, bounding):
         os.closerange(3, 65536)
         agent._out_fd = 1
         agent._identity["env"] = dict(c.env)
-        nsutil.enter_root(c.root, c.shm_mib, c.hostname, c.as_mib, binds=c.binds, bounding=bounding)
+        nsutil.enter_root(c.root, c.shm_mib, c.hostname, c.as_mib, binds=c.binds, confine=confine,
+                           cgroup=c.cgroup)
         agent.PIDS_REPORT_AT = nsutil.CONTAINER_PIDS_REPORT_AT
         init = container_init.ContainerInit(warm_python.launch_warm_python)
     except BaseException:  # noqa: BLE001 - its requests fail as a gone init

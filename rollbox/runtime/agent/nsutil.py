@@ -179,13 +179,21 @@ CONTAINER_PIDS_REPORT_AT = max(16, CONTAINER_NPROC // 2)
 _LO_UP = struct.pack("16sH14s", b"lo", 0x1 | 0x40, b"\0" * 14)
 
 
-def enter_root(new, shm_mib, hostname, as_mib=None, nproc=CONTAINER_NPROC, binds=(), bounding=None):
+def enter_root(new, shm_mib, hostname, as_mib=None, nproc=CONTAINER_NPROC, binds=(), confine=None, cgroup=None):
     """In a freshly cloned init: its own /proc, /dev and /dev/shm, pivot_root into `new`, the
     host name, loopback up, then Docker's default capabilities only, and (as_mib) an address
     space limit so that one container's allocation fails inside it (Python: MemoryError)
-    instead of running the whole pooled sandbox out of memory (gVisor's limit is per sandbox)."""
+    instead of running the whole pooled sandbox out of memory (gVisor's limit is per sandbox).
+    `confine`: the zygote's Confinement (None: drop every non-default capability, no filter);
+    `cgroup`: the container's pids cgroup directory (Confinement.make_cgroup), or None."""
+    confine = confine or Confinement()
+    if cgroup is not None:  # first, so that every process of the container is counted there
+        with open(cgroup + "/cgroup.procs", "w") as f:
+            f.write("0")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if confine.host_kernel:
+        mask_proc(new + "/proc")
     # The template, read-only (so nothing written to /dev reaches the next container; the
     # device nodes are mounts of their own and stay writable), then a fresh /dev/shm.
     mount(DEV_TEMPLATE, new + "/dev", None, MS_BIND | MS_REC)
@@ -212,11 +220,110 @@ def enter_root(new, shm_mib, hostname, as_mib=None, nproc=CONTAINER_NPROC, binds
     except OSError:
         pass
     os.umask(0o022)
-    drop_capabilities(bounding)  # no CAP_SYS_RESOURCE after this: the limit cannot be raised again
-    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    drop_capabilities(confine.bounding)  # no CAP_SYS_RESOURCE after this: the limit cannot be raised again
+    if not confine.host_kernel:
+        # On the host kernel RLIMIT_NPROC counts a uid's processes host-wide (and not root's
+        # at all): the pooled runc sandbox's pids cgroup bounds a container's forks there.
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     if as_mib:
         resource.setrlimit(resource.RLIMIT_AS, (as_mib << 20, as_mib << 20))
-    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    if confine.seccomp is not None:
+        confine.seccomp.install()
+
+
+# /proc paths that Docker (and the runc tier's spec, runtime/runc.py) hide or make read-only:
+# on the host kernel a container's fresh /proc would otherwise show them, and /proc/sysrq-
+# trigger is writable by any root process. Under gVisor they are its own, harmless files.
+MASKED_PROC = ("acpi", "asound", "kcore", "keys", "latency_stats", "timer_list", "timer_stats", "sched_debug", "scsi")
+READONLY_PROC = ("bus", "fs", "irq", "sys", "sysrq-trigger")
+
+
+def mask_proc(proc):
+    """Masks and write-protects a fresh /proc as runc masks the sandbox's (Docker's lists)."""
+    for name in MASKED_PROC:
+        path = proc + "/" + name
+        if os.path.isdir(path):
+            mount("rollbox-masked", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k")
+        elif os.path.exists(path):
+            mount(DEV_TEMPLATE + "/null", path, None, MS_BIND)
+    for name in READONLY_PROC:
+        path = proc + "/" + name
+        if os.path.exists(path):
+            mount(path, path, None, MS_BIND | MS_REC)
+            mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+class Confinement:
+    """What every container of this zygote's sandbox gets beyond its namespaces.
+
+    bounding: the non-default capabilities still in the zygote's bounding set, which each init
+        drops (narrow_bounding_set's answer; None: every one).
+    host_kernel: the pooled sandbox is a runc one (environment ROLLBOX_RUNTIME=runc): its
+        containers run on the host kernel, so their /proc is masked as Docker's and they get
+        the runc tier's seccomp denylist (`seccomp`), which the pooled sandbox relaxed for the
+        zygote's mounts and namespaces.
+    seccomp: a seccomp.Filter each init installs last, or None."""
+
+    def __init__(self, bounding=None, host_kernel=False, seccomp=None, pids_cgroup=None):
+        self.bounding = bounding
+        self.host_kernel = host_kernel
+        self.seccomp = seccomp
+        self.pids_cgroup = pids_cgroup  # host_pids_cgroup()'s directory, or None
+
+    def make_cgroup(self, cid):
+        """The container's own pids cgroup (at most CONTAINER_TASKS_HOST tasks), on the host
+        kernel only: there the pooled sandbox's limit is one pids cgroup for all, and a fork
+        bomb in one container would leave its neighbours no fork. Returns its directory or
+        None (under gVisor, RLIMIT_NPROC bounds each container)."""
+        if self.pids_cgroup is None:
+            return None
+        d = self.pids_cgroup + "/" + cid
+        try:
+            os.mkdir(d)
+            with open(d + "/pids.max", "w") as f:
+                f.write(str(CONTAINER_TASKS_HOST))
+        except OSError:
+            return None
+        return d
+
+    def remove_cgroup(self, cid, wait_s=1.0):
+        """Removes the container's cgroup once its killed tasks are gone. False if it stays
+        (a task still in it: a leftover the caller reports)."""
+        if self.pids_cgroup is None:
+            return True
+        import time
+        d = self.pids_cgroup + "/" + cid
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                os.rmdir(d)
+                return True
+            except FileNotFoundError:
+                return True
+            except OSError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.005)
+
+
+# Tasks (threads included) one container may have on the host kernel: a share of the pooled
+# runc sandbox's limit (`pids`, 512 by default), so a bomb in one leaves room for the rest.
+CONTAINER_TASKS_HOST = 128
+HOST_PIDS_DIR = BASE + "/.cgroup-pids"
+
+
+def host_pids_cgroup():
+    """Mounts the pids hierarchy (cgroup v1, as on this host; PLATFORM.md) in the zygote's
+    mount namespace: runc gave the pooled sandbox a cgroup namespace, so its root is the
+    sandbox's own cgroup. Returns the directory, or None when the kernel refuses (no
+    per-container limit then: the sandbox's own still holds)."""
+    try:
+        os.mkdir(HOST_PIDS_DIR, 0o700)
+        mount("cgroup", HOST_PIDS_DIR, "cgroup", MS_NOSUID | MS_NODEV | MS_NOEXEC, "pids")
+    except OSError:
+        return None
+    return HOST_PIDS_DIR
 
 
 CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21

@@ -87,6 +87,8 @@ def launch_warm_python(argv, env, cwd, want_stdin, user):
             # SIGPIPE and SIGXFSZ stay ignored, as a fresh interpreter has them.
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for name in INIT_HANDLED:  # the init's no-op handlers: a program gets a fresh python3's
+                signal.signal(getattr(signal, name), _FRESH.get(name, signal.SIG_DFL))
             if in_r is None:
                 in_r = os.open("/dev/null", os.O_RDONLY)
             os.dup2(in_r, 0)
@@ -101,6 +103,12 @@ def launch_warm_python(argv, env, cwd, want_stdin, user):
         if fd is not None:
             os.close(fd)
     return WarmProcess(pid, in_w, out_r, err_r)
+
+
+# Signals the container's init catches with a no-op (container_init.py), so that `kill -TERM 1`
+# from inside cannot end it; a warm program forked from it gets the defaults back.
+INIT_HANDLED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGPIPE")
+_FRESH = {"SIGINT": signal.default_int_handler, "SIGPIPE": signal.SIG_IGN}  # CPython's own at start
 
 
 # As PID 1 of its namespace the in-place program would ignore these when sent by itself or a

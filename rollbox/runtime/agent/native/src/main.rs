@@ -321,9 +321,11 @@ fn main() {
     // namespaces); no command ever gets it.
     let zygote = zygote::ZygoteLink::start(&key);
     // Per-exec cgroups (jail.rs) need CAP_SYS_ADMIN to mount, and no command may run yet.
-    // Only as a sandbox's PID 1: run on a host (the unit tests) the mounts would be the
-    // host's own hierarchies, and its execs' cgroups would land in the host's root.
-    if unsafe { sys::getpid() } == 1 {
+    // Only as a sandbox's PID 1 under gVisor: run on a host (the unit tests) or on runc (the
+    // host kernel: ROLLBOX_RUNTIME=runc) the mounts would be the host's own hierarchies, and
+    // its execs' cgroups would land in the host's root.
+    let host_kernel = std::env::var_os("ROLLBOX_RUNTIME").map(|v| v == "runc").unwrap_or(false);
+    if unsafe { sys::getpid() } == 1 && !host_kernel {
         jail::init();
         if privileged {
             jail::note_unjailed(); // its commands may move processes between cgroups themselves
