@@ -426,13 +426,15 @@ def serve_fusion(listen: str = typer.Option("127.0.0.1:8080", help="HOST:PORT to
                  image: str = typer.Option("debian", help="debian (python3, bash), toolchains (+ g++, Go, Java, "
                                            "Node.js, Rust, pytest; built once), an image id, FILE.py:NAME or a "
                                            "registry reference"),
-                 memory: int = typer.Option(1024, help="MiB per sandbox (a container's address-space cap too)")) -> None:
+                 memory: int = typer.Option(1024, help="MiB per sandbox (a container's address-space cap too)"),
+                 runtime: str = typer.Option("gvisor", help="container isolation's pooled sandboxes: gvisor, or runc "
+                                             "(the programs on the host kernel: faster, weaker)")) -> None:
     """Serve SandboxFusion's HTTP API (POST /run_code, /run_jupyter), every request in a fresh
     rollbox episode; point verl at it with sandbox_fusion_url=http://HOST:PORT/run_code."""
     from ..integrations import fusion
     img = _image_from_file(image) if ".py:" in image else fusion.image_for(image)
     fusion.serve(fusion.FusionBackend(img, isolation=isolation, concurrency=concurrency or fusion.default_concurrency(),
-                                      memory_mib=memory), listen)
+                                      memory_mib=memory, runtime=runtime), listen)
 
 
 @app.command()

@@ -445,3 +445,20 @@ def test_zz_sigterm_closes_pool_and_snapshot(server: Server) -> None:
                                               for s in default_client().request("GET", "/sandboxes")):
         time.sleep(0.5)
     assert not [s for s in default_client().request("GET", "/sandboxes") if s.get("tags", {}).get("rollbox.episode_pool")]
+
+
+def test_serve_fusion_on_runc_containers_gh15(tmp_path: Path) -> None:
+    """`rollbox serve-fusion --runtime runc`: each request in a fresh container inside pooled
+    runc sandboxes; results as on gVisor, a fork bomb costs only its own request."""
+    with serve_fusion(tmp_path / "serve-fusion.log", "--concurrency", "2", "--runtime", "runc") as srv:
+        about = requests.get(srv.url + "/", timeout=10).json()
+        assert (about["isolation"], about["runtime"]) == ("container", "runc")
+        r = run_code(code("import sys\nprint(sum(int(x) for x in sys.stdin.read().split()))", stdin="1 2 3\n"))
+        assert r.status == RunStatus.Success and r.run_result.stdout == "6\n"
+        r = run_code(code("import time\ntime.sleep(60)", run_timeout=1))
+        assert r.run_result.status == CommandRunStatus.TimeLimitExceeded
+        bomb = run_code(code("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+                             run_timeout=3))
+        assert bomb.status == RunStatus.Failed
+        assert run_code(code("print(sum(range(10)))")).run_result.stdout == "45\n"
+        assert run_code(code("echo $((6 * 7))", "bash")).run_result.stdout == "42\n"

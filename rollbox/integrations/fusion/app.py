@@ -81,6 +81,7 @@ def create_app(backend: FusionBackend) -> FastAPI:
     @app.get("/")
     async def about() -> dict[str, Any]:
         return {"service": "rollbox serve-fusion", "api": "SandboxFusion", "isolation": backend.isolation,
+                "runtime": backend.runtime,
                 "concurrency": backend.concurrency, "languages": backend.available,
                 "not_offered": {k: v for k, v in backend.why_not.items() if v}}
 

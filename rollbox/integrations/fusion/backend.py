@@ -88,6 +88,8 @@ class FusionBackend:
         isolation: "container" (default: a fresh container per request inside pooled gVisor
             sandboxes, the fastest mode) or "sandbox" (a fresh gVisor sandbox per request).
         concurrency: requests running at once (the pool's max_concurrency); more queue.
+        runtime: container isolation's pooled sandboxes: "gvisor" (default) or "runc" (on the
+            host kernel: several times faster, weaker; SandboxPool's `runtime`).
         memory_mib: memory limit of each sandbox in MiB; a container's address space is
             capped at it too.
         cpu: CPU cores of each sandbox.
@@ -98,9 +100,13 @@ class FusionBackend:
     """
 
     def __init__(self, image: Image, *, isolation: str = "container", concurrency: int = 8,
-                 memory_mib: int = 1024, cpu: float = 1.0, log: Callable[[str], None] = say) -> None:
+                 memory_mib: int = 1024, cpu: float = 1.0, log: Callable[[str], None] = say,
+                 runtime: str = "gvisor") -> None:
         if isolation not in ISOLATIONS:
             raise InvalidArgument(f"isolation={isolation!r} must be one of {', '.join(ISOLATIONS)}")
+        if runtime not in ("gvisor", "runc") or (runtime == "runc" and isolation != "container"):
+            raise InvalidArgument(f"runtime={runtime!r} must be 'gvisor', or 'runc' with isolation='container'")
+        self.runtime = runtime
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise InvalidArgument(f"concurrency={concurrency!r} must be an int >= 1")
         self.image = image
@@ -129,7 +135,8 @@ class FusionBackend:
         self._self_test()
         if self.why_not["python"]:
             raise InvalidArgument(f"Python does not run in episodes of this image: {self.why_not['python']}")
-        self.log(f"  snapshot {self.snapshot_id}; isolation {self.isolation}, concurrency {self.concurrency}; "
+        self.log(f"  snapshot {self.snapshot_id}; isolation {self.isolation} on {self.runtime}, "
+                 f"concurrency {self.concurrency}; "
                  f"languages: {', '.join(self.available)}")
         for name, why in self.why_not.items():
             if why:
@@ -138,7 +145,8 @@ class FusionBackend:
     def _new_pool(self) -> SandboxPool:
         assert self.snapshot_id is not None
         warm = self.concurrency if self.isolation == "sandbox" else 0
-        return SandboxPool(self.snapshot_id, max_concurrency=self.concurrency, warm=warm, isolation=self.isolation)
+        return SandboxPool(self.snapshot_id, max_concurrency=self.concurrency, warm=warm, isolation=self.isolation,
+                           runtime=self.runtime)
 
     def _self_test(self) -> None:
         """Runs each installed language's hello-world as a request; a language whose run
