@@ -131,13 +131,12 @@ class Runsc:
         if await self._kill(container_id):
             return RunscResult(0, b"", b"")
         res = await self.run("delete", "-force", container_id, timeout=20)
-        # runsc leaves its control socket behind when a sandbox died badly, and then refuses
-        # to create a container with the same id; remove it ourselves.
-        for stale in (self.root / f"runsc-{container_id}.sock",):
-            try:
-                stale.unlink()
-            except FileNotFoundError:
-                pass
+        # runsc leaves its control socket behind when a sandbox died badly (and then refuses
+        # to create a container with the same id), and a restore cut short by a daemon crash
+        # leaves its lock file without a state file (CI: `runsc state` left after a SIGKILL
+        # mid-map). Without a state file runsc knows nothing more of it: remove the rest.
+        if not self.known(container_id):
+            self.forget(container_id)
         return res
 
     async def _kill(self, container_id: str, wait_s: float = 10.0) -> bool:

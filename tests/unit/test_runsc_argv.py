@@ -29,3 +29,18 @@ def test_argv_uses_the_daemon_platform_unless_a_command_names_its_own() -> None:
     assert "--platform=ptrace" in r.argv("list")
     restore = r.argv("restore", platform="systrap")
     assert "--platform=systrap" in restore and "--platform=ptrace" not in restore
+
+
+def test_delete_removes_what_a_restore_cut_short_left(tmp_path: Path) -> None:
+    """CI: a daemon SIGKILLed mid-restore left runsc's lock file and socket without a state
+    file; runsc's own delete then fails ("does not exist") and used to leave them for good."""
+    import asyncio
+
+    cid = "0123abcd"
+    other = tmp_path / "ffff_sandbox:ffff.state"
+    for name in (f"{cid}_sandbox:{cid}.lock", f"runsc-{cid}.sock"):
+        (tmp_path / name).write_text("")
+    other.write_text("{}")
+    res = asyncio.run(Runsc(tmp_path, binary="/bin/false").delete(cid))
+    assert res.returncode != 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [other.name]  # another sandbox's state stays
