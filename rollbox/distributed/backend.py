@@ -216,7 +216,8 @@ class RayPool:
     def _open_on(self, c: Cluster, nodes: list[str]) -> None:
         p = self.pool
         refs = [c.actors[n].open_pool.remote(p.pool_id, p.snapshot_id, p.max_concurrency, p.keep_warm_seconds,
-                                             p.warm, p.warm_idle_seconds, p.isolation) for n in nodes]
+                                             p.warm, p.warm_idle_seconds, p.isolation, p.runtime)
+                for n in nodes]
         c.ray.get(refs, timeout=CONTROL_TIMEOUT_S)
         self._opened.update(nodes)
 

@@ -184,15 +184,15 @@ class NodeDaemon:
     # ---- episodes -----------------------------------------------------------------------------
 
     def open_pool(self, pool_id: str, snapshot_id: str, max_concurrency: int, keep_warm_seconds: float | None,
-                  warm: int, warm_idle_seconds: float, isolation: str = "sandbox") -> None:
+                  warm: int, warm_idle_seconds: float, isolation: str = "sandbox", runtime: str = "gvisor") -> None:
         """Prepares a node-local SandboxPool for the driver's pool `pool_id` (idempotent);
-        isolation: the driver's pool's ("sandbox" or "container")."""
+        isolation, runtime: the driver's pool's ("sandbox" or "container"; "gvisor" or "runc")."""
         with self._lock:
             if pool_id in self._pools:
                 return
             pool = SandboxPool(snapshot_id, max_concurrency, keep_warm_seconds=keep_warm_seconds, warm=warm if isolation != "container" else 0,
                                warm_idle_seconds=warm_idle_seconds, client=self._client, backend="local",
-                               isolation=isolation)
+                               isolation=isolation, runtime=runtime)
             pool.pool_id = pool_id  # the driver's id: its sandboxes carry it as their tag
             self._pools[pool_id] = pool
             self._served.add(pool_id)

@@ -49,6 +49,7 @@ class PoolSpec:
     warm_idle_seconds: float
     client: Client
     isolation: str = "sandbox"  # SandboxPool's: "sandbox" or "container"
+    runtime: str = "gvisor"  # SandboxPool's: "gvisor" or "runc" (container mode only)
 
 
 class AttemptOutcome(NamedTuple):

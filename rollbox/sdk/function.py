@@ -35,7 +35,7 @@ from ..client.transport import Client
 from ._aio import threaded, threaded_stream
 from .backends import LOCAL, get_backend, resolve_backend
 from .image import Image
-from .pool import SandboxPool
+from .pool import SandboxPool, check_pool_modes
 from .sandbox import Sandbox, SandboxInstance
 from .volume import Volume
 
@@ -237,17 +237,22 @@ class Function(Generic[R]):
 
     @threaded_stream
     def map(self, inputs: Iterable[Any], *, max_concurrency: int = 4, return_exceptions: bool = False,
-            isolation: str = "sandbox") -> Iterator[R | BaseException]:
+            isolation: str = "sandbox", runtime: str = "gvisor") -> Iterator[R | BaseException]:
         """Calls the function once per input (one argument each), each in a fresh sandbox
         restored from one prepared snapshot; yields results in input order.
 
         isolation: "sandbox" (a fresh gVisor sandbox per call) or "container" (a fresh
         container per call inside pooled sandboxes: SandboxPool's `isolation`; several times
         faster for short calls; no GPU, volumes or network inside the containers).
+        runtime: container mode only: "gvisor" (default) or "runc" (the containers run on the
+        host kernel in pooled runc sandboxes, as SandboxPool's `runtime`; the README's threat
+        model says what that shares). InvalidArgument for runtime="runc" with
+        isolation="sandbox", before anything is started.
 
         With `return_exceptions=True` a failed call yields its exception in its slot;
         otherwise the first failure is raised.
         """
+        check_pool_modes(isolation, runtime)
         items = list(inputs)
         if not items:
             return
@@ -261,7 +266,7 @@ class Function(Generic[R]):
         pool: SandboxPool | None = None
         try:
             with SandboxPool(snap, max_concurrency=max_concurrency, client=client, backend=self.spec.backend,
-                             isolation=isolation) as pool:
+                             isolation=isolation, runtime=runtime) as pool:
                 def call(sb: SandboxInstance, x: Any) -> Any:
                     try:
                         return {"ok": True, "v": self._run(sb, (x,), {})}

@@ -56,6 +56,19 @@ ISOLATIONS = ("sandbox", "container")
 RUNTIMES = ("gvisor", "runc")
 
 
+def check_pool_modes(isolation: str, runtime: str) -> None:
+    """Raises InvalidArgument unless `isolation` is in ISOLATIONS, `runtime` in RUNTIMES, and
+    runtime="runc" comes with isolation="container" (runc restores no memory snapshot)."""
+    if isolation not in ISOLATIONS:
+        raise errors.InvalidArgument(f"isolation={isolation!r} must be one of {', '.join(ISOLATIONS)}")
+    if runtime not in RUNTIMES:
+        raise errors.InvalidArgument(f"runtime={runtime!r} must be one of {', '.join(RUNTIMES)}")
+    if runtime == "runc" and isolation != "container":
+        raise errors.InvalidArgument(
+            "runtime='runc' needs isolation='container': runc has no memory snapshots to restore an episode "
+            "sandbox from (for a fresh runc sandbox per episode, use Sandbox(runtime='runc').create())")
+
+
 def reward_of(value: Any) -> float | None:
     """bool → 1.0/0.0; a number → float; a dict with 'reward' → that; otherwise None."""
     if isinstance(value, bool):
@@ -111,14 +124,7 @@ class SandboxPool:
                  fn: Callable[[SandboxInstance, Any], Any] | None = None, scale_down_after_s: float = 2.0,
                  backend: str | None = None, isolation: str = "sandbox",
                  episodes_per_sandbox: int | None = None, lease_s: float = 60.0, runtime: str = "gvisor") -> None:
-        if isolation not in ISOLATIONS:
-            raise errors.InvalidArgument(f"isolation={isolation!r} must be one of {', '.join(ISOLATIONS)}")
-        if runtime not in RUNTIMES:
-            raise errors.InvalidArgument(f"runtime={runtime!r} must be one of {', '.join(RUNTIMES)}")
-        if runtime == "runc" and isolation != "container":
-            raise errors.InvalidArgument(
-                "runtime='runc' needs isolation='container': runc has no memory snapshots to restore an episode "
-                "sandbox from (for a fresh runc sandbox per episode, use Sandbox(runtime='runc').create())")
+        check_pool_modes(isolation, runtime)
         if not isinstance(snapshot_id, str) or not snapshot_id:
             raise errors.InvalidArgument(f"snapshot_id={snapshot_id!r} must be a snapshot id string ('sn-...')")
         if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
@@ -159,7 +165,7 @@ class SandboxPool:
         if name != LOCAL:
             self._remote = get_backend(name).open_pool(PoolSpec(
                 self.pool_id, snapshot_id, max_concurrency, keep_warm_seconds, warm, warm_idle_seconds, self._client,
-                isolation))
+                isolation, runtime))
 
     def __enter__(self) -> "SandboxPool":
         return self

@@ -222,6 +222,21 @@ def test_two_nodes_run_a_batch_like_the_local_backend(cluster, snapshot_id) -> N
         assert _live_sandboxes(home) == []
 
 
+def test_container_pools_on_ray_keep_their_runtime_gh15(cluster, snapshot_id) -> None:  # type: ignore[no-untyped-def]
+    """isolation="container" with runtime="runc" reaches the nodes' pools: every episode ran in
+    a container of a pooled runc sandbox there (the host kernel's uname, not gVisor's)."""
+    def kernel(sb, task):  # type: ignore[no-untyped-def]
+        return sb.exec("cat", "/proc/version", timeout=30).text()
+    host = open("/proc/version").read()
+    with SandboxPool(snapshot_id, max_concurrency=4, backend="ray", isolation="container", runtime="runc") as pool:
+        res = list(pool.map(kernel, range(8), timeout=60, ordered=True, progress=False))
+    assert [r.status for r in res] == ["ok"] * 8, [r.error for r in res]
+    assert {r.value for r in res} == {host}
+    assert {r.node for r in res} <= set(cluster.values())
+    for home in (N1, N2):
+        assert _live_sandboxes(home) == []
+
+
 def slow(sb, task):  # type: ignore[no-untyped-def]
     r = sb.exec("sleep", "3", timeout=30)
     return float(r.exit_code == 0)

@@ -45,6 +45,25 @@ def test_remote_and_map() -> None:
     assert list(square.map(range(6), max_concurrency=3)) == [0, 1, 4, 9, 16, 25]
 
 
+@pytest.mark.parametrize("runtime", ["gvisor", "runc"])
+def test_map_in_episode_containers_gh15(runtime: str) -> None:
+    """isolation="container" (and runtime=, as SandboxPool's) on @function.map: each call in a
+    fresh container of a pooled sandbox; a call's exception keeps its type there too."""
+    assert list(square.map(range(6), max_concurrency=3, isolation="container", runtime=runtime)) == [0, 1, 4, 9, 16, 25]
+    out = list(boom.map([1, 2], isolation="container", runtime=runtime, return_exceptions=True))
+    assert [type(e) for e in out] == [ValueError, ValueError] and "bad input 2" in str(out[1])
+
+
+def test_map_refuses_runc_without_containers_before_starting_anything(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_sandbox() -> None:
+        raise AssertionError("a sandbox was started for a map that must be refused")
+    monkeypatch.setattr(square, "_sandbox", no_sandbox)
+    with pytest.raises(rollbox.errors.InvalidArgument, match="isolation='container'"):
+        list(square.map(range(2), runtime="runc"))
+    with pytest.raises(rollbox.errors.InvalidArgument, match="runtime"):
+        list(square.map(range(2), isolation="container", runtime="kata"))
+
+
 def test_function_writes_a_volume_a_sandbox_reads() -> None:
     try:
         assert save_checkpoint.remote(5).endswith(":5")
