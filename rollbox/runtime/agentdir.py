@@ -24,7 +24,7 @@ from pathlib import Path
 # agent.py with its modules (the fallback, also what `ROLLBOX_AGENT=python` runs).
 AGENT_FILES = ("rollbox-agent", "agent.py", "frames.py", "children.py", "execop.py", "fileops.py", "zygotelink.py",
                "jail.py", "procs.py", "code_driver.py", "zygote.py", "container_init.py", "nsutil.py", "warm_python.py",
-               "inits.py", "seccomp.py")
+               "inits.py", "seccomp.py", "template.py")
 
 
 def _present(src: Path) -> list[Path]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import time
 from collections.abc import Iterator
 
@@ -439,7 +440,7 @@ while f is not None and rid is None:
     req = f.f_locals.get("req")
     rid = req.get("id") if isinstance(req, dict) else None
     f = f.f_back
-for k in range(1, 60):  # FIFOs where the old, predictable temporary names of the next uploads were
+for k in range(1, 60 if rid is not None else 0):  # FIFOs where the old, predictable temporary names were
     os.mkfifo("/work/t.py.rollbox-tmp-%d" % (rid + k))
 ag = sys.modules.get("agent")
 print("key" if ag is not None and ag._key.get("key") else "nokey")
@@ -501,3 +502,56 @@ def test_runc_needs_container_isolation() -> None:
         SandboxPool("sn-" + "0" * 24, runtime="runc")
     with pytest.raises(errors.InvalidArgument, match="runtime"):
         SandboxPool("sn-" + "0" * 24, isolation="container", runtime="kata")
+
+
+MEMORY_SCAN = r"""
+import re, sys
+found = set()
+with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", 0) as mem:
+    for line in maps:
+        addr, perms = line.split()[:2]
+        if "r" not in perms:
+            continue
+        lo, hi = (int(x, 16) for x in addr.split("-"))
+        try:
+            mem.seek(lo)
+            found.update(m.decode() for m in re.findall(rb"ROLLBOX-LEAK-[0-9a-z]+-MARK", mem.read(hi - lo)))
+        except (OSError, ValueError, OverflowError):
+            pass
+keys = []
+f = sys._getframe()
+while f is not None:
+    keys += [k for k, v in f.f_locals.items() if isinstance(v, bytes) and len(v) == 32 and k == "key"]
+    f = f.f_back
+ag = sys.modules.get("agent")
+if ag is not None and ag._key.get("key"):
+    keys.append("agent._key")
+print(sorted(found), keys)
+"""
+
+
+def test_no_earlier_episodes_data_or_the_channel_key_in_a_programs_memory_gh15(
+        one_sandbox_pool: EpisodePoolClient) -> None:
+    """Break-it trial: Python commands were forks of the zygote, whose heap held earlier and
+    neighbouring episodes' argv, environments and file contents, and the sandbox's key (in
+    main()'s frame). Now they are clones of a template that never saw any of it."""
+    tag = os.urandom(4).hex()
+    c = one_sandbox_pool.begin()
+    try:
+        c.fs.write_file("/work/secret.txt", ("ROLLBOX-LEAK-file%s-MARK" % tag).encode())
+        r = c.exec("python3", "-c", "print(1) # ROLLBOX-LEAK-argv%s-MARK" % tag,
+                   env={"API_KEY": "ROLLBOX-LEAK-env%s-MARK" % tag}, stdin=("ROLLBOX-LEAK-in%s-MARK" % tag).encode())
+        assert r.exit_code == 0, r
+        r = c.exec("sh", "-c", "echo ROLLBOX-LEAK-out%s-MARK" % tag)  # through the init
+        assert r.exit_code == 0, r
+    finally:
+        one_sandbox_pool.end(c.container_id, "ok")
+    c2 = one_sandbox_pool.begin()
+    try:
+        c2.fs.write_file("/work/scan.py", MEMORY_SCAN)
+        r = c2.exec("python3", "/work/scan.py", cwd="/work")
+        assert r.exit_code == 0, r
+        found = r.stdout.decode()
+        assert tag not in found and "[] []" in found, found
+    finally:
+        one_sandbox_pool.end(c2.container_id, "ok")

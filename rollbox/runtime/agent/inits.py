@@ -10,6 +10,7 @@ with it). Without that the daemon waited out its own timeout and ended the whole
 sandbox, neighbours included.
 """
 
+import json
 import os
 import re
 import select
@@ -35,13 +36,16 @@ class Inits:
     """Mixed into zygote.Zygote, whose `containers`, `by_fd`, `confine` and `reply` it uses."""
 
     def new_init(self, c):
-        """Clones the container's init; it sets itself up and serves what is on its socket."""
+        """Has the template clone the container's init; it sets itself up and serves what is
+        on its socket, signed with the container's own key (never the sandbox's)."""
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        pid = nsutil.clone_container()
-        if pid == 0:
-            parent.close()
-            init_main(child, c, self.confine)
-        child.close()
+        cmd_r, cmd_w = os.pipe()
+        try:
+            pid = self.template.clone(self.clone_spec(c, "init"), [cmd_r, child.fileno()])
+        finally:
+            os.close(cmd_r)
+            child.close()
+        self.send_order(cmd_w, {"env": c.env, "key": c.key.hex()})
         parent.setblocking(False)
         ns = nsutil.pid_namespace(pid)
         if ns is not None:
@@ -51,6 +55,23 @@ class Inits:
         self.by_fd[parent.fileno()] = [c, bytearray()]
         return c.init
 
+    def clone_spec(self, c, kind):
+        """The template's order for a process of container `c` (template.py): nothing of a
+        command, environment or key goes there."""
+        return {"kind": kind, "root": c.root, "shm_mib": c.shm_mib, "hostname": c.hostname, "as_mib": c.as_mib,
+                "binds": c.binds, "cgroup": c.cgroup}
+
+    @staticmethod
+    def send_order(fd, order):
+        """Writes a clone's own order to its pipe and closes it; a clone that already ended
+        (a set-up failure: its status says so) breaks the pipe, which is not an error here."""
+        try:
+            write_all(fd, json.dumps(order, separators=(",", ":")).encode())
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
     def forget_init(self, c):
         if c.init is not None:
             pid, sock = c.init
@@ -58,12 +79,14 @@ class Inits:
             sock.close()
             c.init = None
 
-    def send_to_init(self, c, frame, fds=(), req=None):
-        """Sends a frame to the container's init (made first if there is none). `req`: the
-        request it carries, whose reply the init then owes (see owe). Raises OSError when
-        the init does not take it within SEND_TIMEOUT_S (stopped by a signal, say)."""
+    def send_to_init(self, c, body, fds=(), req=None):
+        """Sends a request body to the container's init (made first if there is none), signed
+        with the container's key. `req`: the request it carries, whose reply the init then
+        owes (see owe). Raises OSError when the init does not take it within SEND_TIMEOUT_S
+        (stopped by a signal, say)."""
         if c.init is None:
             self.new_init(c)
+        frame = agent._HDR.pack(len(body) + 32) + agent.hmac_sha256(c.key, body) + body
         sock = c.init[1]
         sock.settimeout(SEND_TIMEOUT_S)
         try:
@@ -98,7 +121,7 @@ class Inits:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            reap_pid(pid)
+            self.template.wait(pid)
             self.forget_init(c)
         owed, c.pending = c.pending, {}
         if owed:
@@ -141,22 +164,29 @@ class Inits:
                 break
             frame = bytes(buf[:4 + n])
             del buf[:4 + n]
-            rid = reply_id(frame[36:])
-            if rid is not None:
-                c.pending.pop(rid, None)
-            write_all(1, frame)
+            body = frame[36:]
+            if not agent._compare_digest(frame[4:36], agent.hmac_sha256(c.key, body)):
+                continue
+            # Signed again with the sandbox's key, which the init never has; only for a
+            # request of this container's, so that it cannot answer for a neighbour's.
+            rid = reply_id(body)
+            if rid is None or rid not in c.pending:
+                continue
+            del c.pending[rid]
+            write_all(1, agent._HDR.pack(len(body) + 32) + agent.hmac_sha256(agent._key["key"], body) + body)
 
 
-def init_main(sock, c, confine):
-    """The container's init, right after clone(): set up, then serve `sock` (never returns)."""
+def init_main(sock_fd, env, key):
+    """The container's init, in a clone of the template (template.py) that entered the
+    container: serve `sock_fd`, signing with the container's `key` (never returns)."""
     try:
-        os.dup2(sock.fileno(), 0)
-        os.dup2(sock.fileno(), 1)
+        os.dup2(sock_fd, 0)
+        os.dup2(sock_fd, 1)
         os.closerange(3, 65536)
         agent._out_fd = 1
-        agent._identity["env"] = dict(c.env)
-        nsutil.enter_root(c.root, c.shm_mib, c.hostname, c.as_mib, binds=c.binds, confine=confine,
-                           cgroup=c.cgroup)
+        agent._identity["env"] = dict(env)
+        agent._key["key"] = key
+        del key  # only agent._key holds it: warm_python._forget_secrets clears that in each fork
         agent.PIDS_REPORT_AT = nsutil.CONTAINER_PIDS_REPORT_AT
         init = container_init.ContainerInit(warm_python.launch_warm_python)
     except BaseException:  # noqa: BLE001 - its requests fail as a gone init
@@ -181,11 +211,3 @@ def write_all(fd, data):
             view = view[os.write(fd, view):]
         except BlockingIOError:
             select.select([], [fd], [], 1.0)
-
-
-def reap_pid(pid):
-    try:
-        _, status = os.waitpid(pid, 0)
-        return status
-    except ChildProcessError:
-        return None

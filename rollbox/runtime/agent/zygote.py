@@ -42,6 +42,7 @@ import container_init  # noqa: E402
 import inits  # noqa: E402
 import nsutil  # noqa: E402
 import seccomp  # noqa: E402
+import template  # noqa: E402
 import warm_python  # noqa: E402
 
 # Warm modules: what episode programs commonly import (HumanEval's prompts and tests), loaded
@@ -73,6 +74,7 @@ class Container:
         self.pending = {}     # request id -> (op, deadline or None) of frames its init owes a reply
         self.init_lost = False  # an init died or hung while it owed replies (the pool retires the sandbox)
         self.cgroup = None    # its pids cgroup on the host kernel (Confinement.make_cgroup)
+        self.key = os.urandom(32)  # signs what passes between this zygote and its inits
 
 
 class _Proc:
@@ -87,7 +89,8 @@ class _Proc:
 
 
 class Zygote(inits.Inits):
-    def __init__(self, confine=None):
+    def __init__(self, tmpl, confine=None):
+        self.template = tmpl  # template.Template: where every container process is cloned from
         self.confine = confine or nsutil.Confinement()  # what every container's init applies
         self.containers = {}  # cid -> Container
         self.by_fd = {}       # init socket fd -> [Container, buffer]
@@ -142,7 +145,7 @@ class Zygote(inits.Inits):
                 os.kill(pid, signal.SIGKILL)  # an init: the kernel kills the rest of its namespace
             except ProcessLookupError:
                 pass
-            inits.reap_pid(pid)
+            self.template.wait(pid)
         nsutil.remove_filesystem(c.cid)
         cgroup_left = not self.confine.remove_cgroup(c.cid)
         # The kernel kills a PID namespace with its init; anything still in one is a leftover
@@ -183,7 +186,7 @@ class Zygote(inits.Inits):
             if cmd is not None and not os.path.isdir(c.root + "/" + str(cwd).lstrip("/")):
                 cmd = None  # the init reports a missing working directory as exec does
         if cmd is None:
-            self.send_to_init(c, frame, req=req)
+            self.send_to_init(c, frame[36:], req=req)
             # After the send: it makes the init when there is none, and a new init has started
             # nothing. What this command leaves running (`sh -c 'server &'`) must outlive the
             # next Python command, which therefore may not run in place (its end ends the init).
@@ -202,10 +205,7 @@ class Zygote(inits.Inits):
             pid = self.clone_running(c, env, cmd, cwd, (in_r, out_w, err_w), [in_w, out_r, err_r])
         else:
             order = dict(req, op="inplace", cwd=cwd)
-            body = json.dumps(order, separators=(",", ":")).encode()
-            mac = agent.hmac_sha256(agent._key["key"], body)
-            signed = agent._HDR.pack(len(body) + len(mac)) + mac + body
-            self.send_to_init(c, signed, fds)
+            self.send_to_init(c, json.dumps(order, separators=(",", ":")).encode(), fds)
             pid = c.init[0]
             self.forget_init(c)  # the init now runs the command: it serves nothing more
         for fd in fds:
@@ -216,21 +216,19 @@ class Zygote(inits.Inits):
                                            req.get("timeout"))
 
     def clone_running(self, c, env, cmd, cwd, stdio, parent_fds):
-        """Clones the container's first process, which sets the container up and becomes
-        the Python command `cmd` (warm_python.run_in_place); returns its pid. `stdio`: its
-        (stdin or None, stdout, stderr) fds; `parent_fds`: our ends, closed in the fork."""
-        pid = nsutil.clone_container()
-        if pid == 0:
-            try:
-                for fd in parent_fds:
-                    if fd is not None:
-                        os.close(fd)
-                nsutil.enter_root(c.root, c.shm_mib, c.hostname, c.as_mib, binds=c.binds,
-                                  confine=self.confine, cgroup=c.cgroup)
-            except BaseException:  # noqa: BLE001 - a set-up failure is the command's failure
-                os._exit(126)
-            warm_python.run_in_place(cmd, env, cwd, stdio)
-            os._exit(120)
+        """Has the template clone the container's first process, which sets the container up
+        and becomes the Python command `cmd` (warm_python.run_in_place); returns its pid.
+        `stdio`: its (stdin or None, stdout, stderr) fds; `parent_fds`: our ends (the clone,
+        made from the template, never had them). The command, its environment and working
+        directory go to the clone on a pipe of its own, never through the template."""
+        cmd_r, cmd_w = os.pipe()
+        stdin, out, err = stdio
+        try:
+            pid = self.template.clone(self.clone_spec(c, "run"), [cmd_r, out, err] + ([stdin] if stdin is not None else []))
+        finally:
+            os.close(cmd_r)
+        mode, target, args, flags = cmd
+        self.send_order(cmd_w, {"cmd": [mode, target, args, sorted(flags)], "env": env, "cwd": cwd})
         ns = nsutil.pid_namespace(pid)
         if ns is not None:
             c.pidns.add(ns)
@@ -281,7 +279,7 @@ class Zygote(inits.Inits):
             elif op == "container_write_file" and self.write_here(c, req):
                 pass
             else:
-                self.send_to_init(c, frame, req=req)
+                self.send_to_init(c, frame[36:], req=req)
         except OSError as e:
             self.init_gone(c, "did not take a request (%s)" % e)
             self.fail(req, "container_ended", "container %s: its init is gone: %s; start a new episode" % (c.cid, e))
@@ -303,22 +301,21 @@ class Zygote(inits.Inits):
             self.route(req, frame)
 
     def reap(self):
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            for c in self.containers.values():
-                if c.inplace is not None and c.inplace.pid == pid and c.inplace.status is None:
-                    c.inplace.status = status
-                    c.inplace.exited_at = time.monotonic()
+        """Statuses the template reported (its clones are its children, not ours)."""
+        self.template.poll()
+        for c in self.containers.values():
+            r = c.inplace
+            if r is not None and r.status is None:
+                status = self.template.take(r.pid)
+                if status is not None:
+                    r.status = status
+                    r.exited_at = time.monotonic()
 
     def run(self):
         while True:
             running = [c.inplace for c in self.containers.values() if c.inplace is not None]
-            readable = container_init.wait_and_pump(running, [0, *self.by_fd], self.wake_r, self.reap)
+            readable = container_init.wait_and_pump(running, [0, self.template.status_r, *self.by_fd], self.wake_r,
+                                                    self.reap)
             for fd in readable:
                 if fd in self.by_fd:
                     self.from_init(fd)
@@ -337,7 +334,7 @@ class Zygote(inits.Inits):
                         os.kill(r.pid, signal.SIGKILL)  # the init: its whole namespace goes
                     except ProcessLookupError:
                         pass
-                    st = inits.reap_pid(r.pid)
+                    st = self.template.wait(r.pid)
                     r.status = st if st is not None else r.status
                 if r.done(now):
                     self.finish_in_place(c)
@@ -354,10 +351,7 @@ def _namespace_size(pid):
     return 0 if ns is None else sum(1 for p in _pids() if nsutil.pid_namespace(p) == ns)
 
 
-def main():
-    if not hasattr(socket, "send_fds"):
-        os._exit(2)  # Python < 3.9: the agent reports container isolation as unavailable here
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+def _read_key():
     key = b""
     try:
         while True:
@@ -368,7 +362,13 @@ def main():
         os.close(3)
     except OSError:
         pass
-    agent._key["key"] = key
+    return key
+
+
+def main():
+    if not hasattr(socket, "send_fds"):
+        os._exit(2)  # Python < 3.9: the agent reports container isolation as unavailable here
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     agent.PIDS_REPORT_AT = nsutil.CONTAINER_PIDS_REPORT_AT  # what a command run in place reports against
     nsutil.libc.prctl(nsutil.PR_SET_DUMPABLE, 0, 0, 0, 0)  # no /proc/PID/mem or fd access from outside
     nsutil.libc.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -387,7 +387,11 @@ def main():
     # walks it (a full collection writes every object's header: a copy-on-write fault per page).
     gc.collect()
     gc.freeze()
-    Zygote(confine).run()
+    # The template first: every container process is a clone of it, so it must never hold
+    # the key or a request (template.py). This process forks nothing after it.
+    tmpl = template.Template.start(confine)
+    agent._key["key"] = _read_key()
+    Zygote(tmpl, confine).run()
 
 
 if __name__ == "__main__":
