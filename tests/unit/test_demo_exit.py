@@ -22,3 +22,18 @@ def test_demo_exit_status_follows_containment(monkeypatch: pytest.MonkeyPatch, b
 def test_rm_rf_root_that_times_out_counts_as_contained() -> None:
     statuses: dict[str, Any] = {kind: st for kind, (_body, st) in humaneval.ADVERSARIAL.items()}
     assert "timeout" in statuses["rm_rf_root"] and "timeout" in statuses["alloc_4gib"]
+
+
+def test_demo_refuses_runc_without_containers_before_any_snapshot(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """New-user trial: `--isolation sandbox --runtime runc` printed the gVisor banner and made a
+    snapshot before failing; the flag check comes first now."""
+    import pytest
+
+    from rollbox import errors
+    from rollbox.demos import humaneval
+
+    def no_snapshot(*_a, **_k):  # type: ignore[no-untyped-def]
+        raise AssertionError("a snapshot was made for flags that must be refused")
+    monkeypatch.setattr(humaneval, "prepare_snapshot", no_snapshot)
+    with pytest.raises(errors.InvalidArgument, match="isolation='container'"):
+        humaneval.run_demo(isolation="sandbox", runtime="runc", limit=1)
