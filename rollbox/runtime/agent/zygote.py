@@ -3,15 +3,18 @@ that makes one fresh container per episode.
 
 Why (issue #15, PLATFORM.md "Costs inside a gVisor sandbox"): a `runsc restore` per episode
 costs ~140 ms of CPU and a fresh `python3` ~65 ms, so neither carries 30 programs/s on two
-cores. A pooled sandbox is restored once; this process, started in it on first use, keeps the
-interpreter and common modules loaded, and every process it makes is a fork of it (~25 ms).
+cores. A pooled sandbox is restored once;
+this process, started in it on first use, keeps the interpreter and common modules loaded,
+and every container process is a clone of its template (template.py: a fork of this process
+made before the key or any request was read, so no program's memory holds another episode's
+data or the sandbox's key). This process forks nothing after that.
 
 A container is what it is in a gVisor pod: its own PID, mount, IPC, UTS and network namespaces
 inside gVisor's kernel, a copy-on-write root (nsutil.make_filesystem: an overlay over the
 pooled sandbox's root with a size-capped tmpfs upper, so every write ends as ENOSPC at the
 cap), fresh /proc, /dev and /dev/shm, its own host name, and only Docker's default
 capabilities. Its filesystem lives in this process's mount namespace, so it outlives the
-container's init; the init (PID 1 of the container's namespaces, a fork of this process) is
+container's init; the init (PID 1 of the container's namespaces, a clone of the template) is
 made on the container's first request and serves the rest (container_init.py). Killing an init
 makes gVisor's kernel kill every process of its namespace, setsid'd and double-forked too.
 
