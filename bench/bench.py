@@ -15,7 +15,10 @@ What is measured and how (all wall-clock, `time.perf_counter`, one warm-up run d
    Baseline: `runsc restore -detach --image-path IMG` (an uncompressed checkpoint of the raw
    idle-python container, like rollbox's) + `runsc exec ID true`; the fresh overlay mount is
    again prepared before the clock starts, rollbox's own upper copy and mount are inside it.
-3. Exec round trip of `true` in a warm sandbox (rollbox: agent over FIFOs; raw: `runsc exec`).
+3. Exec round trip of `true` in a warm sandbox (rollbox: agent over FIFOs; raw: `runsc exec`),
+   and paired with it (alternating blocks of 10) a posix_spawn + waitpid of /bin/true by a
+   process inside the same sandbox: `exec_over_spawn_ms` is what rollbox adds to the command's
+   own cost (issue #15: at most 2 ms).
    Then exec fan-out (bench/execs.py): `echo 1` 256 at once across 32 sandboxes, execs/s, p50/p99.
    Then background processes (bench/processes.py): write-to-client latency p50/p99, process start,
    run_code `1+1` against exec `python3 -c`.
@@ -205,6 +208,29 @@ def rollbox_warm(tr: Tracker, snap: str, n: int, spares: int = 4) -> list[float]
         client.request("PUT", f"/snapshots/{snap}/warm", json={"count": 0})
 
 
+# Inside the sandbox: `rounds` posix_spawn + waitpid of /bin/true, each timed (ms), one per line.
+SPAWN_LOOP = ("import os, sys, time\n"
+              "for _ in range(int(sys.argv[1])):\n"
+              "    t = time.perf_counter()\n"
+              "    os.waitpid(os.posix_spawn('/bin/true', ['true'], {}), 0)\n"
+              "    print((time.perf_counter() - t) * 1e3)\n")
+
+
+def exec_vs_spawn(sb: SandboxInstance, n: int, block: int = 10) -> dict[str, list[float]]:
+    """`exec("true")` round trips (SDK to agent and back) against spawns of /bin/true made by a
+    process inside the same sandbox (what the command itself costs there: gVisor's fork/exec),
+    in alternating blocks of `block` so that drift in the host's load hits both alike (issue #15:
+    exec of `true` at most 2 ms over the in-sandbox spawn). ms per call, `n` of each."""
+    out: dict[str, list[float]] = {"exec": [], "spawn": []}
+    while len(out["exec"]) < n:
+        out["exec"] += [timed_ms(lambda: first_exec_ok(sb))[0] for _ in range(block)]
+        r = sb.exec("python3", "-c", SPAWN_LOOP, str(block))
+        if r.exit_code != 0:
+            raise RuntimeError(f"the in-sandbox spawn loop exited {r.exit_code}: {r.stderr[-300:]!r}")
+        out["spawn"] += [float(x) for x in r.stdout.split()]
+    return out
+
+
 def rollbox_fork(tr: Tracker, sb: SandboxInstance, n: int) -> float:
     ms, kids = timed_ms(lambda: sb.fork(n))
     for k in kids:
@@ -372,6 +398,9 @@ def measure(tr: Tracker, raw: RawRunsc) -> dict[str, Any]:
     m["http_rtt"] = series("rollbox GET sandbox (HTTP only)", N_EXEC // 2, lambda: timed_ms(base.info)[0])
     m["agent_rtt"] = series("rollbox read_file (agent, no spawn)", N_EXEC // 2,
                             lambda: timed_ms(lambda: base.fs.read_file("/etc/hostname"))[0])
+    m["exec_vs_spawn"] = exec_vs_spawn(base, N_EXEC)
+    log("exec `true` vs a spawn of it inside the sandbox, paired: p50 {exec:.2f} vs {spawn:.2f} ms".format(
+        **{k: pct(v, .5) for k, v in m["exec_vs_spawn"].items()}))
     m["raw_exec"] = raw_exec_ms(raw, image, N_RAW_EXEC)
     m["exec_fanout"] = execs.fanout(*EXEC_FANOUT)
     log(f"exec fan-out: {m['exec_fanout']}")

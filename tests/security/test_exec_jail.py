@@ -17,6 +17,7 @@ import pytest
 from rollbox import Sandbox, SandboxInstance
 from rollbox.client.transport import Client, stop_daemon
 from rollbox.config import Paths
+from rollbox.errors import RollboxError
 from tests.system.conftest import side_home
 
 ESCAPE = "setsid env -i sh -c 'sleep 1000' & sleep 1000"
@@ -140,6 +141,45 @@ def test_a_command_in_a_cgroup_it_made_does_not_outlive_its_timeout_gh19(
     assert _sleepers(sb) == 0, r
     assert b"moved" in r.stdout, r  # the move itself worked: the test would catch an escape
     assert sb.exec("sh", "-c", "sleep 1 & wait; echo ok", timeout=20).stdout == b"ok\n"
+
+
+# Moves the shell into every exec cgroup but its own (the native agent makes the next exec's
+# cgroups ahead, while this one runs), says its pid, then becomes a detached sleeper there.
+HIDE_IN_ANOTHER = ("for f in /proc/1/fd/*; do [ -e $f/cgroup.procs ] || continue; "
+                   "for d in $f/x*; do grep -qx $$ $d/cgroup.procs 2>/dev/null || "
+                   "{ echo $$ > $d/cgroup.procs && echo moved $$; }; done; done; ")
+
+
+def _gone(sb: SandboxInstance, pid: int, within_s: float) -> bool:
+    """Whether process `pid` ends within `within_s`, watched through file reads (which start no
+    exec, so no cgroup of the agent's is taken meanwhile)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if b"sleep" not in sb.fs.read_file(f"/proc/{pid}/cmdline"):
+                return True
+        except RollboxError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_command_in_the_next_execs_cgroup_does_not_outlive_its_timeout_gh19(
+        agent_sandbox: SandboxInstance) -> None:
+    """The cgroups made ahead for the next exec are no hiding place: a process that moved
+    itself there is killed by the watcher (within about a second, with no further exec), and an
+    exec that would have taken them gets fresh ones, so the intruder never joins its tree."""
+    sb = agent_sandbox
+    r = sb.exec("sh", "-c", "setsid env -i /bin/sh -c '" + HIDE_IN_ANOTHER + "exec sleep 1000' & sleep 1000",
+                timeout=3)
+    assert r.timed_out, r
+    if b"agent.py" not in sb.fs.read_file("/proc/1/cmdline"):
+        assert b"moved" in r.stdout, r  # the native agent's spare was there to move into
+    for pid in {int(w) for line in r.stdout.splitlines() if line.startswith(b"moved ") for w in line.split()[1:]}:
+        assert _gone(sb, pid, 5.0), (pid, r)
+    assert _sleepers(sb) == 0, r
+    r = sb.exec("sh", "-c", "sleep 1 & wait; echo ok", timeout=20)
+    assert r.stdout == b"ok\n" and not r.timed_out, r
 
 
 # Makes 5000 child cgroups inside its own exec's cgroup (in each hierarchy) and moves into the

@@ -95,7 +95,7 @@ pub fn kill_escaped(all: bool) -> usize {
     let h = match hier() { Some(h) if !UNJAILED.load(Ordering::Relaxed) => h, _ => return 0 };
     let me = unsafe { sys::getpid() };
     let my_ns = MY_NS.get_or_init(|| fs::read_link("/proc/self/ns/pid").ok());
-    let mut killed = 0;
+    let mut killed = kill_in_spare(h);
     for d in dirs(h).take(if all { 2 } else { 1 }) {
         if all {
             killed += kill_foreign(d, me);
@@ -269,21 +269,30 @@ fn members_by_proc(name: &str) -> Vec<sys::pid_t> {
     out
 }
 
-/// Work on large trees, off the reply path: (cgroup name, whether to kill what the walk finds
-/// in it first). One thread does them in order, so a kill runs before the removal after it.
-fn deferred() -> &'static (Mutex<std::collections::VecDeque<(String, bool)>>, std::sync::Condvar) {
-    static D: OnceLock<(Mutex<std::collections::VecDeque<(String, bool)>>, std::sync::Condvar)> = OnceLock::new();
+/// Work off the reply path, done in order by one thread (the keeper), so a kill runs before
+/// the removal after it.
+#[derive(Clone, PartialEq)]
+enum Job {
+    /// SIGKILL what the cgroups of this tree list until none is left (a large tree).
+    Kill(String),
+    /// Remove this tree (an exec's, after its reply); kept as stale while something runs there.
+    Remove(String),
+    /// Make the spare cgroup for the next exec (with this pids limit), and sweep the stale.
+    Spare(usize),
+}
+
+fn deferred() -> &'static (Mutex<std::collections::VecDeque<Job>>, std::sync::Condvar) {
+    static D: OnceLock<(Mutex<std::collections::VecDeque<Job>>, std::sync::Condvar)> = OnceLock::new();
     D.get_or_init(|| (Mutex::new(std::collections::VecDeque::new()), std::sync::Condvar::new()))
 }
 
-/// Hands a large tree to the remover thread (started on first use): `kill`: SIGKILL what its
-/// cgroups list until none is left; else remove it. False when no thread can be made (a fork
-/// bomb holds every process): the caller then does it itself.
-fn defer(name: &str, kill: bool) -> bool {
+/// Hands `job` to the keeper thread (started on first use). False when no thread can be made
+/// (a fork bomb holds every process): the caller then does it itself.
+fn defer(job: Job) -> bool {
     static STARTED: AtomicBool = AtomicBool::new(false);
     if !STARTED.swap(true, Ordering::SeqCst) {
         let ok = std::thread::Builder::new().stack_size(256 << 10).spawn(|| loop {
-            let (name, kill) = {
+            let job = {
                 let (q, cv) = deferred();
                 let mut q = q.lock().unwrap();
                 loop {
@@ -293,10 +302,28 @@ fn defer(name: &str, kill: bool) -> bool {
                     q = cv.wait(q).unwrap();
                 }
             };
-            if kill {
-                kill_walked(&name);
-            } else if !remove_all(&name) {
-                stale().lock().unwrap().push(name); // something still runs there: swept later
+            match job {
+                Job::Kill(name) => kill_walked(&name),
+                Job::Remove(name) => {
+                    if !remove_all(&name) {
+                        stale().lock().unwrap().push(name); // something still runs there: swept later
+                    }
+                }
+                Job::Spare(pids_max) => {
+                    sweep();
+                    if let Some(h) = hier() {
+                        if spare().lock().unwrap().is_none() {
+                            if let Some(name) = make(h, pids_max) {
+                                let old = spare().lock().unwrap().replace((name, pids_max));
+                                if let Some((old, _)) = old {
+                                    if !remove_all(&old) {
+                                        stale().lock().unwrap().push(old);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
             }
         }).is_ok();
         if !ok {
@@ -306,7 +333,6 @@ fn defer(name: &str, kill: bool) -> bool {
     }
     let (q, cv) = deferred();
     let mut q = q.lock().unwrap();
-    let job = (name.to_string(), kill);
     if !q.contains(&job) {
         q.push_back(job); // not twice: a sweep hands a stale one on at every exec
         cv.notify_one();
@@ -444,34 +470,21 @@ pub struct Jail {
 }
 
 impl Jail {
-    /// Makes the cgroups, with at most `pids_max` tasks (0: no own limit). None without
-    /// hierarchies or when the kernel refuses (the caller then relies on the marker).
+    /// The cgroups for one exec, with at most `pids_max` tasks (0: no own limit): the spare
+    /// made ahead by the keeper thread when it fits, else made now. None without hierarchies
+    /// or when the kernel refuses (the caller then relies on the marker).
     pub fn create(pids_max: usize, mark: &[u8]) -> Option<Jail> {
         let h = hier()?;
-        sweep();
-        // A random part in the name: a command cannot make the next exec's cgroup ahead of
-        // the agent (which would leave that exec unjailed and stop `kill_escaped` for good).
-        let mut name = String::new();
-        for _ in 0..4 {
-            let mut r = [0u8; 8];
-            sys::random(&mut r);
-            let n = format!("x{}-{:016x}", NEXT.fetch_add(1, Ordering::Relaxed), u64::from_ne_bytes(r));
-            made().lock().unwrap().insert(n.clone());
-            if fs::create_dir(path(&h.pids, &n)).is_ok() {
-                name = n;
-                break;
+        let name = match take_spare(h, pids_max) {
+            Some(name) => name,
+            None => {
+                sweep();
+                make(h, pids_max)?
             }
-            made().lock().unwrap().remove(&n);
-        }
-        if name.is_empty() {
-            return None;
-        }
-        if let Some(m) = &h.memory {
-            let _ = fs::create_dir(path(m, &name));
-        }
-        if pids_max > 0 {
-            let _ = fs::write(path(&h.pids, &format!("{}/pids.max", name)), pids_max.to_string());
-        }
+        };
+        // The next one, made while this exec runs: gVisor's cgroupfs costs ~1 ms per cgroup
+        // made or removed, which each exec's reply used to wait for.
+        defer(Job::Spare(pids_max));
         by_mark().lock().unwrap().insert(mark.to_vec(), name.clone());
         let (m, cv) = made_count();
         *m.lock().unwrap() += 1;
@@ -495,22 +508,87 @@ impl Jail {
         out
     }
 
-    /// Ends the exec's bookkeeping: the cgroups go now if empty, else once they are.
+    /// Ends the exec's bookkeeping: the cgroups go after the reply (the keeper thread), now if
+    /// no thread can be made; once empty if something of the exec still runs.
     pub fn release(self, mark: &[u8]) {
         by_mark().lock().unwrap().remove(mark);
         oom_set().lock().unwrap().remove(&self.name);
         peaks().lock().unwrap().remove(&self.name);
-        if !remove(&self.name) {
+        if !defer(Job::Remove(self.name.clone())) && !remove(&self.name) {
             stale().lock().unwrap().push(self.name);
         }
     }
+}
+
+/// Makes cgroup `name`'s directories (named in `made` first, so no look finds one unnamed)
+/// and sets its pids limit; its name, or None when the kernel refuses.
+fn make(h: &Hierarchies, pids_max: usize) -> Option<String> {
+    // A random part in the name: a command cannot make the next exec's cgroup ahead of the
+    // agent (which would leave that exec unjailed and stop `kill_escaped` for good).
+    let mut name = String::new();
+    for _ in 0..4 {
+        let mut r = [0u8; 8];
+        sys::random(&mut r);
+        let n = format!("x{}-{:016x}", NEXT.fetch_add(1, Ordering::Relaxed), u64::from_ne_bytes(r));
+        made().lock().unwrap().insert(n.clone());
+        if fs::create_dir(path(&h.pids, &n)).is_ok() {
+            name = n;
+            break;
+        }
+        made().lock().unwrap().remove(&n);
+    }
+    if name.is_empty() {
+        return None;
+    }
+    if let Some(m) = &h.memory {
+        let _ = fs::create_dir(path(m, &name));
+    }
+    if pids_max > 0 {
+        let _ = fs::write(path(&h.pids, &format!("{}/pids.max", name)), pids_max.to_string());
+    }
+    Some(name)
+}
+
+/// The cgroup made ahead for the next exec, with the pids limit it was made with.
+fn spare() -> &'static Mutex<Option<(String, usize)>> {
+    static S: OnceLock<Mutex<Option<(String, usize)>>> = OnceLock::new();
+    S.get_or_init(|| Mutex::new(None))
+}
+
+/// The spare cgroup if it was made with `pids_max` and holds no task. A command can reach the
+/// hierarchies through the agent's descriptors and move itself in (to outlive its own exec's
+/// timeout): such a spare is not used; its processes are killed and it is removed.
+fn take_spare(h: &Hierarchies, pids_max: usize) -> Option<String> {
+    let (name, max) = spare().lock().unwrap().take()?;
+    if max == pids_max && read_pids(&h.pids, &format!("{}/tasks", name)).is_empty() {
+        return Some(name);
+    }
+    if !(defer(Job::Kill(name.clone())) && defer(Job::Remove(name.clone()))) {
+        kill_walked(&name);
+        if !remove(&name) {
+            stale().lock().unwrap().push(name);
+        }
+    }
+    None
+}
+
+/// For the watcher: SIGKILLs what moved itself into the spare cgroup (nothing is started there
+/// before an exec takes it; the lock keeps it from being taken meanwhile). How many.
+fn kill_in_spare(h: &Hierarchies) -> usize {
+    let guard = spare().lock().unwrap();
+    let name = match guard.as_ref() { Some((name, _)) => name, None => return 0 };
+    let pids = read_pids(&h.pids, &format!("{}/cgroup.procs", name));
+    for p in &pids {
+        unsafe { sys::kill(*p, sys::SIGKILL) };
+    }
+    pids.len()
 }
 
 /// Removes cgroup `name` and what a command made under it; true when it is gone (or, too
 /// large to walk here, handed to the remover thread).
 fn remove(name: &str) -> bool {
     let h = match hier() { Some(h) => h, _ => return true };
-    if subtree_upto(&h.pids, name, WALK_MAX).is_none() && defer(name, false) {
+    if subtree_upto(&h.pids, name, WALK_MAX).is_none() && defer(Job::Remove(name.to_string())) {
         return true;
     }
     remove_all(name)
@@ -602,7 +680,7 @@ pub fn killable(name: &str) -> Vec<sys::pid_t> {
         Some(rels) => procs_of(&h.pids, &rels),
         None => {
             let seen = members_by_proc(name);
-            if seen.is_empty() && !defer(name, true) {
+            if seen.is_empty() && !defer(Job::Kill(name.to_string())) {
                 kill_walked(name);
             }
             seen

@@ -354,16 +354,14 @@ pub fn exec_pids_max() -> usize {
     n.saturating_sub((n / 4).max(16)).max(4)
 }
 
+/// RLIMIT_NPROC's soft limit (usize::MAX: none). A syscall, not a read of /proc/self/limits:
+/// each exec asks several times, and gVisor builds that file anew on every open.
 fn nproc_limit() -> usize {
-    let text = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("Max processes") {
-            if let Some(Ok(n)) = rest.split_whitespace().next().map(|v| v.parse::<usize>()) {
-                return n;
-            }
-        }
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NPROC, &mut rl) } != 0 || rl.rlim_cur == libc::RLIM_INFINITY {
+        return usize::MAX;
     }
-    usize::MAX
+    rl.rlim_cur as usize
 }
 
 /// An exec whose tree holds this many processes when its timeout kills it ran into
