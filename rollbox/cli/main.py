@@ -452,7 +452,8 @@ def top(interval: float = typer.Option(1.0, help="seconds between refreshes"),
         pass
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+# Its own --help: a section's (`rollbox bench humaneval --help`) goes to that section's parser.
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
 def bench(ctx: typer.Context,
           quick: bool = typer.Option(False, "--quick", help="fewer samples, no scale tests (~5-8 min on a quiet 2-core host)")) -> None:
     """Run the benchmark (bench/bench.py in the source tree): one table, then one JSON line.
@@ -463,6 +464,9 @@ def bench(ctx: typer.Context,
     import importlib
     from pathlib import Path
 
+    if list(ctx.args) in (["--help"], ["-h"]):
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
     root = Path(__file__).resolve().parents[2]
     if not (root / "bench" / "bench.py").is_file():
         raise errors.RuntimeMissing(f"the benchmark ships with the source tree, not the package: no {root}/bench/bench.py; "

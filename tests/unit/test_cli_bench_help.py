@@ -1,0 +1,22 @@
+"""`rollbox bench SECTION --help` shows that section's own options (new-user trial: it printed
+the generic `rollbox bench` help, without `--n` / `--agent` / `--modes`)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from rollbox.cli.main import app
+
+
+@pytest.mark.parametrize("section,option", [("processes", "--agent"), ("humaneval", "--modes"),
+                                            ("fusion", "--concurrency")])
+def test_a_sections_help_is_its_own(section: str, option: str) -> None:
+    res = CliRunner().invoke(app, ["bench", section, "--help"])
+    assert res.exit_code == 0, res.output
+    assert f"rollbox bench {section}" in res.output and option in res.output, res.output
+
+
+def test_bench_help_is_the_commands() -> None:
+    res = CliRunner().invoke(app, ["bench", "--help"])
+    assert res.exit_code == 0 and "--quick" in res.output and "humaneval" in res.output, res.output
