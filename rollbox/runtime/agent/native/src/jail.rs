@@ -19,8 +19,11 @@
 //! own). A cgroup the agent did not make (a command's `mkdir` there, to hide in) is foreign:
 //! every few looks its processes are killed and it is removed. A child cgroup a command makes
 //! inside its own exec's belongs to that exec (counted, killed and removed with it). A command
-//! moving itself into another exec's cgroup instead is not caught: it then lives and dies with
-//! that exec.
+//! moving itself into another running exec's cgroup instead is not caught: it is killed with
+//! that exec's timeout, but outlives it as that exec's background process when it returns
+//! normally. The next exec's cgroups are made ahead by the keeper thread (and an exec's removed
+//! after its reply): a spare that a command moved into, made a child cgroup in, re-limited or
+//! removed is never handed out, and the watcher discards it, killing what it holds.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
@@ -555,13 +558,40 @@ fn spare() -> &'static Mutex<Option<(String, usize)>> {
     S.get_or_init(|| Mutex::new(None))
 }
 
-/// The spare cgroup if it was made with `pids_max` and holds no task. A command can reach the
-/// hierarchies through the agent's descriptors and move itself in (to outlive its own exec's
-/// timeout): such a spare is not used; its processes are killed and it is removed.
+/// Whether spare cgroup `name` is as the keeper made it: both directories there, no task and
+/// no child cgroup in either, its pids limit `pids_max`. A command can reach the hierarchies
+/// through the agent's descriptors (break-it trial): move itself in, or into a child cgroup it
+/// makes there (to outlive its own exec's timeout), lower the limit, or remove the cgroup.
+fn pristine(h: &Hierarchies, name: &str, pids_max: usize) -> bool {
+    let want = if pids_max > 0 { pids_max.to_string() } else { "max".to_string() };
+    let limit_ok = fs::read_to_string(path(&h.pids, &format!("{}/pids.max", name))).map(|s| s.trim() == want);
+    if !limit_ok.unwrap_or(false) {
+        return false;
+    }
+    dirs(h).all(|d| {
+        let empty = fs::read_to_string(path(d, &format!("{}/tasks", name))).map(|t| t.trim().is_empty());
+        empty.unwrap_or(false) && subtree_upto(d, name, 1).is_some()
+    })
+}
+
+/// The spare cgroup if it fits (`pristine` with `pids_max`); else None, and a spare that was
+/// tampered with is discarded (`discard`).
 fn take_spare(h: &Hierarchies, pids_max: usize) -> Option<String> {
     let (name, max) = spare().lock().unwrap().take()?;
-    if max == pids_max && read_pids(&h.pids, &format!("{}/tasks", name)).is_empty() {
+    if max == pids_max && pristine(h, &name, pids_max) {
         return Some(name);
+    }
+    discard(h, name);
+    None
+}
+
+/// Kills what the cgroup tree `name` holds (in either hierarchy) and removes it, through the
+/// keeper (now when no thread can be made).
+fn discard(h: &Hierarchies, name: String) {
+    for d in dirs(h) {
+        for p in procs_of(d, &subtree(d, &name)) {
+            unsafe { sys::kill(p, sys::SIGKILL) };
+        }
     }
     if !(defer(Job::Kill(name.clone())) && defer(Job::Remove(name.clone()))) {
         kill_walked(&name);
@@ -569,19 +599,23 @@ fn take_spare(h: &Hierarchies, pids_max: usize) -> Option<String> {
             stale().lock().unwrap().push(name);
         }
     }
-    None
 }
 
-/// For the watcher: SIGKILLs what moved itself into the spare cgroup (nothing is started there
-/// before an exec takes it; the lock keeps it from being taken meanwhile). How many.
+/// For the watcher: a spare that is no longer `pristine` (nothing is started there before an
+/// exec takes it) is discarded, what it holds killed, and a new one made. How many processes
+/// were signalled. The lock keeps the spare from being taken meanwhile.
 fn kill_in_spare(h: &Hierarchies) -> usize {
-    let guard = spare().lock().unwrap();
-    let name = match guard.as_ref() { Some((name, _)) => name, None => return 0 };
-    let pids = read_pids(&h.pids, &format!("{}/cgroup.procs", name));
-    for p in &pids {
-        unsafe { sys::kill(*p, sys::SIGKILL) };
+    let mut guard = spare().lock().unwrap();
+    let (name, max) = match guard.as_ref() { Some((name, max)) => (name.clone(), *max), None => return 0 };
+    if pristine(h, &name, max) {
+        return 0;
     }
-    pids.len()
+    guard.take();
+    drop(guard);
+    let n: usize = dirs(h).map(|d| procs_of(d, &subtree(d, &name)).len()).sum();
+    discard(h, name);
+    defer(Job::Spare(max));
+    n
 }
 
 /// Removes cgroup `name` and what a command made under it; true when it is gone (or, too
