@@ -20,10 +20,11 @@
 //! every few looks its processes are killed and it is removed. A child cgroup a command makes
 //! inside its own exec's belongs to that exec (counted, killed and removed with it). A command
 //! moving itself into another running exec's cgroup instead is not caught: it is killed with
-//! that exec's timeout, but outlives it as that exec's background process when it returns
-//! normally. The next exec's cgroups are made ahead by the keeper thread (and an exec's removed
-//! after its reply): a spare that a command moved into, made a child cgroup in, re-limited or
-//! removed is never handed out, and the watcher discards it, killing what it holds.
+//! that exec's timeout, but outlives it as one of its background processes when that exec
+//! returns normally (break-it trial). A returned exec's cgroups are removed by the keeper
+//! thread after its reply (gVisor's cgroupfs costs ~1 ms per cgroup removed). Making the next
+//! exec's cgroups ahead there too measured slower: the checks that a command had not moved
+//! into them, re-limited or removed them cost more than making them.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
@@ -98,7 +99,7 @@ pub fn kill_escaped(all: bool) -> usize {
     let h = match hier() { Some(h) if !UNJAILED.load(Ordering::Relaxed) => h, _ => return 0 };
     let me = unsafe { sys::getpid() };
     let my_ns = MY_NS.get_or_init(|| fs::read_link("/proc/self/ns/pid").ok());
-    let mut killed = kill_in_spare(h);
+    let mut killed = 0;
     for d in dirs(h).take(if all { 2 } else { 1 }) {
         if all {
             killed += kill_foreign(d, me);
@@ -278,10 +279,9 @@ fn members_by_proc(name: &str) -> Vec<sys::pid_t> {
 enum Job {
     /// SIGKILL what the cgroups of this tree list until none is left (a large tree).
     Kill(String),
-    /// Remove this tree (an exec's, after its reply); kept as stale while something runs there.
+    /// Remove this tree (a returned exec's: gVisor's cgroupfs costs ~1 ms per cgroup removed,
+    /// which each reply used to wait for); kept as stale while something runs there.
     Remove(String),
-    /// Make the spare cgroup for the next exec (with this pids limit), and sweep the stale.
-    Spare(usize),
 }
 
 fn deferred() -> &'static (Mutex<std::collections::VecDeque<Job>>, std::sync::Condvar) {
@@ -310,21 +310,6 @@ fn defer(job: Job) -> bool {
                 Job::Remove(name) => {
                     if !remove_all(&name) {
                         stale().lock().unwrap().push(name); // something still runs there: swept later
-                    }
-                }
-                Job::Spare(pids_max) => {
-                    sweep();
-                    if let Some(h) = hier() {
-                        if spare().lock().unwrap().is_none() {
-                            if let Some(name) = make(h, pids_max) {
-                                let old = spare().lock().unwrap().replace((name, pids_max));
-                                if let Some((old, _)) = old {
-                                    if !remove_all(&old) {
-                                        stale().lock().unwrap().push(old);
-                                    }
-                                }
-                            }
-                        }
                     }
                 }
             }
@@ -473,21 +458,34 @@ pub struct Jail {
 }
 
 impl Jail {
-    /// The cgroups for one exec, with at most `pids_max` tasks (0: no own limit): the spare
-    /// made ahead by the keeper thread when it fits, else made now. None without hierarchies
-    /// or when the kernel refuses (the caller then relies on the marker).
+    /// Makes the cgroups, with at most `pids_max` tasks (0: no own limit). None without
+    /// hierarchies or when the kernel refuses (the caller then relies on the marker).
     pub fn create(pids_max: usize, mark: &[u8]) -> Option<Jail> {
         let h = hier()?;
-        let name = match take_spare(h, pids_max) {
-            Some(name) => name,
-            None => {
-                sweep();
-                make(h, pids_max)?
+        sweep();
+        // A random part in the name: a command cannot make the next exec's cgroup ahead of
+        // the agent (which would leave that exec unjailed and stop `kill_escaped` for good).
+        let mut name = String::new();
+        for _ in 0..4 {
+            let mut r = [0u8; 8];
+            sys::random(&mut r);
+            let n = format!("x{}-{:016x}", NEXT.fetch_add(1, Ordering::Relaxed), u64::from_ne_bytes(r));
+            made().lock().unwrap().insert(n.clone());
+            if fs::create_dir(path(&h.pids, &n)).is_ok() {
+                name = n;
+                break;
             }
-        };
-        // The next one, made while this exec runs: gVisor's cgroupfs costs ~1 ms per cgroup
-        // made or removed, which each exec's reply used to wait for.
-        defer(Job::Spare(pids_max));
+            made().lock().unwrap().remove(&n);
+        }
+        if name.is_empty() {
+            return None;
+        }
+        if let Some(m) = &h.memory {
+            let _ = fs::create_dir(path(m, &name));
+        }
+        if pids_max > 0 {
+            let _ = fs::write(path(&h.pids, &format!("{}/pids.max", name)), pids_max.to_string());
+        }
         by_mark().lock().unwrap().insert(mark.to_vec(), name.clone());
         let (m, cv) = made_count();
         *m.lock().unwrap() += 1;
@@ -511,8 +509,8 @@ impl Jail {
         out
     }
 
-    /// Ends the exec's bookkeeping: the cgroups go after the reply (the keeper thread), now if
-    /// no thread can be made; once empty if something of the exec still runs.
+    /// Ends the exec's bookkeeping: the cgroups go after the reply (the keeper thread; now when
+    /// no thread can be made), once empty if something of the exec still runs.
     pub fn release(self, mark: &[u8]) {
         by_mark().lock().unwrap().remove(mark);
         oom_set().lock().unwrap().remove(&self.name);
@@ -521,101 +519,6 @@ impl Jail {
             stale().lock().unwrap().push(self.name);
         }
     }
-}
-
-/// Makes cgroup `name`'s directories (named in `made` first, so no look finds one unnamed)
-/// and sets its pids limit; its name, or None when the kernel refuses.
-fn make(h: &Hierarchies, pids_max: usize) -> Option<String> {
-    // A random part in the name: a command cannot make the next exec's cgroup ahead of the
-    // agent (which would leave that exec unjailed and stop `kill_escaped` for good).
-    let mut name = String::new();
-    for _ in 0..4 {
-        let mut r = [0u8; 8];
-        sys::random(&mut r);
-        let n = format!("x{}-{:016x}", NEXT.fetch_add(1, Ordering::Relaxed), u64::from_ne_bytes(r));
-        made().lock().unwrap().insert(n.clone());
-        if fs::create_dir(path(&h.pids, &n)).is_ok() {
-            name = n;
-            break;
-        }
-        made().lock().unwrap().remove(&n);
-    }
-    if name.is_empty() {
-        return None;
-    }
-    if let Some(m) = &h.memory {
-        let _ = fs::create_dir(path(m, &name));
-    }
-    if pids_max > 0 {
-        let _ = fs::write(path(&h.pids, &format!("{}/pids.max", name)), pids_max.to_string());
-    }
-    Some(name)
-}
-
-/// The cgroup made ahead for the next exec, with the pids limit it was made with.
-fn spare() -> &'static Mutex<Option<(String, usize)>> {
-    static S: OnceLock<Mutex<Option<(String, usize)>>> = OnceLock::new();
-    S.get_or_init(|| Mutex::new(None))
-}
-
-/// Whether spare cgroup `name` is as the keeper made it: both directories there, no task and
-/// no child cgroup in either, its pids limit `pids_max`. A command can reach the hierarchies
-/// through the agent's descriptors (break-it trial): move itself in, or into a child cgroup it
-/// makes there (to outlive its own exec's timeout), lower the limit, or remove the cgroup.
-fn pristine(h: &Hierarchies, name: &str, pids_max: usize) -> bool {
-    let want = if pids_max > 0 { pids_max.to_string() } else { "max".to_string() };
-    let limit_ok = fs::read_to_string(path(&h.pids, &format!("{}/pids.max", name))).map(|s| s.trim() == want);
-    if !limit_ok.unwrap_or(false) {
-        return false;
-    }
-    dirs(h).all(|d| {
-        let empty = fs::read_to_string(path(d, &format!("{}/tasks", name))).map(|t| t.trim().is_empty());
-        empty.unwrap_or(false) && subtree_upto(d, name, 1).is_some()
-    })
-}
-
-/// The spare cgroup if it fits (`pristine` with `pids_max`); else None, and a spare that was
-/// tampered with is discarded (`discard`).
-fn take_spare(h: &Hierarchies, pids_max: usize) -> Option<String> {
-    let (name, max) = spare().lock().unwrap().take()?;
-    if max == pids_max && pristine(h, &name, pids_max) {
-        return Some(name);
-    }
-    discard(h, name);
-    None
-}
-
-/// Kills what the cgroup tree `name` holds (in either hierarchy) and removes it, through the
-/// keeper (now when no thread can be made).
-fn discard(h: &Hierarchies, name: String) {
-    for d in dirs(h) {
-        for p in procs_of(d, &subtree(d, &name)) {
-            unsafe { sys::kill(p, sys::SIGKILL) };
-        }
-    }
-    if !(defer(Job::Kill(name.clone())) && defer(Job::Remove(name.clone()))) {
-        kill_walked(&name);
-        if !remove(&name) {
-            stale().lock().unwrap().push(name);
-        }
-    }
-}
-
-/// For the watcher: a spare that is no longer `pristine` (nothing is started there before an
-/// exec takes it) is discarded, what it holds killed, and a new one made. How many processes
-/// were signalled. The lock keeps the spare from being taken meanwhile.
-fn kill_in_spare(h: &Hierarchies) -> usize {
-    let mut guard = spare().lock().unwrap();
-    let (name, max) = match guard.as_ref() { Some((name, max)) => (name.clone(), *max), None => return 0 };
-    if pristine(h, &name, max) {
-        return 0;
-    }
-    guard.take();
-    drop(guard);
-    let n: usize = dirs(h).map(|d| procs_of(d, &subtree(d, &name)).len()).sum();
-    discard(h, name);
-    defer(Job::Spare(max));
-    n
 }
 
 /// Removes cgroup `name` and what a command made under it; true when it is gone (or, too
