@@ -116,7 +116,10 @@ def _stop_ray(temp_dir: Path) -> None:
 
 def _ray_start(home: Path, args: list[str], temp_dir: Path) -> None:
     ports = _free_ports(7)
-    base = 20000 + secrets.randbelow(200) * 100
+    # Worker ports below the kernel's ephemeral range, which the ports above come from (CI: a
+    # worker range of 39200-39299 held the dashboard agent's 39203 and `ray start` refused).
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    base = 10000 + secrets.randbelow(max(1, (low - 10100) // 100)) * 100
     argv = [RAY_BIN, "start", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}", "--disable-usage-stats",
             f"--node-manager-port={ports[0]}", f"--object-manager-port={ports[1]}",
             f"--dashboard-agent-listen-port={ports[2]}", f"--dashboard-agent-grpc-port={ports[3]}",
