@@ -16,7 +16,7 @@ What is measured and how (all wall-clock, `time.perf_counter`, one warm-up run d
    idle-python container, like rollbox's) + `runsc exec ID true`; the fresh overlay mount is
    again prepared before the clock starts, rollbox's own upper copy and mount are inside it.
 3. Exec round trip of `true` in a warm sandbox (rollbox: agent over FIFOs; raw: `runsc exec`),
-   and paired with it (alternating blocks of 10) a posix_spawn + waitpid of /bin/true by a
+   and paired with it (alternating blocks of 10) a posix_spawnp + waitpid of `true` by a
    process inside the same sandbox: `exec_over_spawn_ms` is what rollbox adds to the command's
    own cost (issue #15: at most 2 ms).
    Then exec fan-out (bench/execs.py): `echo 1` 256 at once across 32 sandboxes, execs/s, p50/p99.
@@ -208,16 +208,17 @@ def rollbox_warm(tr: Tracker, snap: str, n: int, spares: int = 4) -> list[float]
         client.request("PUT", f"/snapshots/{snap}/warm", json={"count": 0})
 
 
-# Inside the sandbox: `rounds` posix_spawn + waitpid of /bin/true, each timed (ms), one per line.
+# Inside the sandbox: N spawns of `true` found on PATH, as exec("true") finds it (posix_spawnp +
+# waitpid), each timed (ms), one per line.
 SPAWN_LOOP = ("import os, sys, time\n"
               "for _ in range(int(sys.argv[1])):\n"
               "    t = time.perf_counter()\n"
-              "    os.waitpid(os.posix_spawn('/bin/true', ['true'], {}), 0)\n"
+              "    os.waitpid(os.posix_spawnp('true', ['true'], os.environ), 0)\n"
               "    print((time.perf_counter() - t) * 1e3)\n")
 
 
 def exec_vs_spawn(sb: SandboxInstance, n: int, block: int = 10) -> dict[str, list[float]]:
-    """`exec("true")` round trips (SDK to agent and back) against spawns of /bin/true made by a
+    """`exec("true")` round trips (SDK to agent and back) against spawns of `true` made by a
     process inside the same sandbox (what the command itself costs there: gVisor's fork/exec),
     in alternating blocks of `block` so that drift in the host's load hits both alike (issue #15:
     exec of `true` at most 2 ms over the in-sandbox spawn). ms per call, `n` of each."""

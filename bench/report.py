@@ -154,7 +154,7 @@ def print_table(res: dict[str, Any], m: dict[str, Any], *, fork_n: int, idle_n: 
         ("exec `true` p50 / p99 (ms)", f"{res['exec_p50_ms']} / {res['exec_p99_ms']}",
          f"{res['raw_runsc_exec_p50_ms']}", "rollbox: agent FIFO; raw: runsc exec"),
         ("  exec `true` vs spawn inside, p50 (ms)", f"{res['exec_paired_p50_ms']} / {res['in_sandbox_spawn_p50_ms']}",
-         "-", f"+{res['exec_over_spawn_ms']} ms; paired blocks; spawn: posix_spawn+wait in the sandbox (target <= 2)"),
+         "-", f"+{res['exec_over_spawn_ms']} ms; paired blocks; spawn: posix_spawnp+wait in the sandbox (target <= 2)"),
         ("  of which HTTP / agent RTT (ms)", f"{res['http_rtt_p50_ms']} / {res['agent_rtt_p50_ms']}", "-",
          "GET /sandboxes/ID; fs.read_file (no spawn)"),
         ("exec fan-out execs/s, p50 / p99 (ms)", "{execs_per_s}, {p50_ms} / {p99_ms}".format(**res["exec_fanout"]), "-",

@@ -522,7 +522,7 @@ impl Jail {
 }
 
 /// Removes cgroup `name` and what a command made under it; true when it is gone (or, too
-/// large to walk here, handed to the remover thread).
+/// large to walk here, handed to the keeper thread).
 fn remove(name: &str) -> bool {
     let h = match hier() { Some(h) => h, _ => return true };
     if subtree_upto(&h.pids, name, WALK_MAX).is_none() && defer(Job::Remove(name.to_string())) {
@@ -598,7 +598,7 @@ pub fn task_count(name: &str) -> usize {
 /// SIGKILLs every member of cgroup `name`; the number signalled (the caller tries again
 /// until none is left). A tree too large to walk on the reply path (a command can make
 /// cgroups without bound: 8,000 took 0.75 s per walk) is looked up in /proc instead; once
-/// /proc shows none of its processes, the remover thread walks the cgroups' own lists and
+/// /proc shows none of its processes, the keeper thread walks the cgroups' own lists and
 /// kills what they still hold: gVisor lists a process whose main thread exited in no /proc
 /// directory, only in its cgroup.procs (break-it trial).
 pub fn kill_members(name: &str) -> usize {
@@ -610,7 +610,7 @@ pub fn kill_members(name: &str) -> usize {
 }
 
 /// The members of cgroup `name` that `kill_members` signals, found the same way (a large tree
-/// through /proc, its hidden processes by the remover thread).
+/// through /proc, its hidden processes by the keeper thread).
 pub fn killable(name: &str) -> Vec<sys::pid_t> {
     let h = match hier() { Some(h) => h, _ => return Vec::new() };
     match subtree_upto(&h.pids, name, WALK_MAX) {
