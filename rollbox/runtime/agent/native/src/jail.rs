@@ -22,8 +22,7 @@
 //! moving itself into another running exec's cgroup instead is not caught: it is killed with
 //! that exec's timeout, but outlives it as one of its background processes when that exec
 //! returns normally (break-it trial). A returned exec's cgroups are removed by the keeper
-//! thread after its reply (gVisor's cgroupfs costs ~1 ms per cgroup removed); what moved into
-//! those of an exec that left nothing running is killed there. Making the next
+//! thread after its reply (gVisor's cgroupfs costs ~1 ms per cgroup removed). Making the next
 //! exec's cgroups ahead there too measured slower: the checks that a command had not moved
 //! into them, re-limited or removed them cost more than making them.
 
@@ -283,10 +282,6 @@ enum Job {
     /// Remove this tree (a returned exec's: gVisor's cgroupfs costs ~1 ms per cgroup removed,
     /// which each reply used to wait for); kept as stale while something runs there.
     Remove(String),
-    /// Remove the tree of an exec that left nothing running when it returned: whatever is in
-    /// it now moved itself in since (a timed-out exec's descendant hopping into a returned
-    /// one's cgroup before its removal, to outlive its timeout; break-it trial) and is killed.
-    RemoveEmptied(String),
 }
 
 fn deferred() -> &'static (Mutex<std::collections::VecDeque<Job>>, std::sync::Condvar) {
@@ -315,14 +310,6 @@ fn defer(job: Job) -> bool {
                 Job::Remove(name) => {
                     if !remove_all(&name) {
                         stale().lock().unwrap().push(name); // something still runs there: swept later
-                    }
-                }
-                Job::RemoveEmptied(name) => {
-                    if !remove_all(&name) {
-                        kill_walked(&name);
-                        if !remove_all(&name) {
-                            stale().lock().unwrap().push(name);
-                        }
                     }
                 }
             }
@@ -528,10 +515,7 @@ impl Jail {
         by_mark().lock().unwrap().remove(mark);
         oom_set().lock().unwrap().remove(&self.name);
         peaks().lock().unwrap().remove(&self.name);
-        // One read on the reply path: whether the exec left anything running (a background
-        // server, a zombie not yet reaped), which then stays; else later members are intruders.
-        let job = if task_count(&self.name) == 0 { Job::RemoveEmptied(self.name.clone()) } else { Job::Remove(self.name.clone()) };
-        if !defer(job) && !remove(&self.name) {
+        if !defer(Job::Remove(self.name.clone())) && !remove(&self.name) {
             stale().lock().unwrap().push(self.name);
         }
     }
