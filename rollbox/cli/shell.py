@@ -54,11 +54,17 @@ def run_shell(sandbox_id: str, cmd: list[str]) -> int:
     fd = sys.stdin.fileno()
     interactive = os.isatty(fd)
     saved = termios.tcgetattr(fd) if interactive else None
-    old_winch = signal.signal(signal.SIGWINCH, lambda *_: p.resize(*_size())) if interactive else None
+    # The handler only notes the resize; the loop below sends it. A request made inside the
+    # handler would run nested in whatever call the main thread was blocked in (a stdin write).
+    winch = threading.Event()
+    old_winch = signal.signal(signal.SIGWINCH, lambda *_: winch.set()) if interactive else None
     try:
         if interactive:
             tty.setraw(fd)
         while not done.is_set():
+            if winch.is_set():
+                winch.clear()  # before reading the size: a resize during the request is sent next
+                p.resize(*_size())
             if not select.select([fd], [], [], 0.1)[0]:
                 continue
             data = os.read(fd, 4096)

@@ -426,12 +426,15 @@ def test_rollbox_shell_on_a_terminal_resizes_and_exits_with_the_code(sb: Sandbox
         _set_winsize(master, 45, 140)
         cli.send_signal(signal.SIGWINCH)
         # The resize travels as its own request: ask until the shell sees it.
+        seen = []
         for _ in range(20):
             os.write(master, b"stty size; echo E''ND\n")
-            if b"45 140" in until(b"END"):
+            seen.append(until(b"END")[-40:])
+            if b"45 140" in seen[-1]:
                 break
         else:
-            raise AssertionError("the sandbox's terminal never took the new size 45x140")
+            raise AssertionError(("the sandbox's terminal never took the new size 45x140", seen[-3:],
+                                  (tmp_path / "stderr").read_bytes()[-2000:]))
         os.write(master, b"exit 3\n")
         assert cli.wait(timeout=30) == 3
     finally:
