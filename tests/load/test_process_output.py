@@ -1,5 +1,5 @@
-"""The daemon's memory with 100 background processes each printing 100 MiB (gh-16): output is
-kept in the sandbox's agent (head + tail window per stream) and only relayed by the daemon,
+"""The daemon's memory with 100 background processes each printing 40 MiB (gh-16's 100 MiB with
+ROLLBOX_OUTPUT_MIB=100): output is kept in the sandbox's agent (head + tail window per stream) and only relayed by the daemon,
 so its RSS must not grow with what the processes write, nor with the clients following it.
 
 One sandbox, 100 processes released together, 10 clients following stdout live and 5
@@ -9,6 +9,7 @@ Needs root and runsc; about a minute on 2 cores.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,9 @@ from rollbox.config import Paths
 pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
 
 PROCS = 100
-SIZE = 100 << 20  # bytes each process writes
+# Bytes each process writes: 100 MiB is the issue's size (ROLLBOX_OUTPUT_MIB=100); 40 MiB keeps
+# the suite short and is still 13x what the agent retains per stream.
+SIZE = int(os.environ.get("ROLLBOX_OUTPUT_MIB", "40")) << 20
 FOLLOWERS = 10  # clients streaming p.stdout while the processes write
 WAITERS = 5  # clients in p.wait() meanwhile
 RSS_BOUND = 200 << 20  # the most the daemon's RSS may grow over its warmed-up figure
@@ -65,7 +68,7 @@ def _follow(p: SandboxProcess) -> tuple[int, bool]:
     return n, zeros
 
 
-def test_daemon_memory_stays_bounded_with_100_processes_each_printing_100_mib() -> None:
+def test_daemon_memory_stays_bounded_with_100_processes_each_printing_tens_of_mib() -> None:
     t_start = time.monotonic()
     sb = Sandbox(memory=SANDBOX_MEMORY_MB).create()
     try:

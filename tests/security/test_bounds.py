@@ -18,7 +18,8 @@ from rollbox.runtime import cgroups
 from rollbox.runtime.bundle import host_pids_max
 from rollbox.sdk.sandbox import default_client
 
-MEMORY, DISK = 1024, 1024
+# Writing 1 GiB, twice the memory limit: a path backed by memory would end the sandbox as OOM.
+MEMORY, DISK = 512, 256
 # path -> its bound in MiB: the writable layer (`disk`) or a quarter of `memory` (/dev/shm).
 BOUNDS = {"/tmp": DISK, "/dev/shm": MEMORY // 4, "/run": DISK, "/var/tmp": DISK, "/root": DISK, "/": DISK}
 
@@ -27,7 +28,7 @@ BOUNDS = {"/tmp": DISK, "/dev/shm": MEMORY // 4, "/run": DISK, "/var/tmp": DISK,
 def test_writing_past_each_path_is_enospc_not_oom_gh19(make_sandbox, path: str) -> None:  # type: ignore[no-untyped-def]
     sb = make_sandbox(memory=MEMORY, disk=DISK)
     target = path.rstrip("/") + "/fill"
-    r = sb.exec("sh", "-c", f"head -c 2G /dev/zero > {target}", timeout=300)
+    r = sb.exec("sh", "-c", f"head -c 1G /dev/zero > {target}", timeout=300)
     assert r.exit_code != 0 and b"No space left" in r.stderr and not r.oom_killed, r
     written = int(sb.exec("stat", "-c", "%s", target).stdout)
     assert (BOUNDS[path] - 64) << 20 < written <= BOUNDS[path] << 20, written

@@ -137,16 +137,17 @@ def test_pid1_does_not_shield_commands_from_their_own_signals(sandbox) -> None: 
         assert r.exit_code == 128 + num and r.signal == num, (sig, r)
 
 
-def test_orphans_are_reaped(sandbox) -> None:  # type: ignore[no-untyped-def]
-    """600 orphaned children (above the default pids limit, 512) become zombies of PID 1 unless it
-    reaps them; the next command must still fork freely."""
+def test_orphans_are_reaped(make_sandbox) -> None:  # type: ignore[no-untyped-def]
+    """200 orphaned children (above the sandbox's pids limit, 128) become zombies of PID 1 unless
+    it reaps them; the next command must still fork freely."""
+    sandbox = make_sandbox(image=rollbox.Image.debian(), memory=256, pids=128)
     # Double fork: each grandchild outlives its parent, is re-parented to PID 1 and exits there.
     r = sandbox.exec("python3", "-c",
-                     "import os\nfor _ in range(600):\n  pid = os.fork()\n  if pid == 0:\n"
+                     "import os\nfor _ in range(200):\n  pid = os.fork()\n  if pid == 0:\n"
                      "    if os.fork() == 0:\n      os._exit(0)\n    os._exit(0)\n  os.waitpid(pid, 0)\n",
                      timeout=120)
-    assert r.exit_code == 0
-    r = sandbox.exec("sh", "-c", "for i in $(seq 200); do /bin/true || exit 1; done; "
+    assert r.exit_code == 0, r.stderr
+    r = sandbox.exec("sh", "-c", "for i in $(seq 150); do /bin/true || exit 1; done; "
                                  "ls /proc | grep -c '^[0-9]'", timeout=120)
     assert r.exit_code == 0
     assert int(r.stdout) < 50, r.stdout  # the zombies are gone, not merely under the limit

