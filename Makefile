@@ -7,7 +7,7 @@ STAMPS := .stamps
 ROLLBOX_HOME ?= /var/lib/rollbox
 export ROLLBOX_HOME
 
-.PHONY: setup host venv agent base-image demo lint-imports test test-unit test-system test-fusion-toolchains bench bench-quick bench-smoke soak gpu-check clean-state doctor typecheck
+.PHONY: setup host venv agent base-image demo lint-imports test test-unit test-system test-full-size test-fusion-toolchains bench bench-quick bench-smoke soak gpu-check clean-state doctor typecheck
 
 setup: host venv base-image
 
@@ -72,6 +72,13 @@ test-unit: venv lint-imports typecheck
 
 test-system: setup
 	$(VENV)/bin/python -m pytest tests/system -q
+
+# The load tests at the issues' full sizes (the suite runs them smaller to stay under 25 min).
+test-full-size: setup
+	ROLLBOX_VOLUME_FLEET=64 ROLLBOX_NET_RESTORES=64 ROLLBOX_ADMISSION_EPISODES=200 ROLLBOX_CHURN_CYCLES=200 \
+	ROLLBOX_MAP_INPUTS=200 ROLLBOX_KILL_MAP_EPISODES=200 ROLLBOX_OUTPUT_MIB=100 \
+	$(VENV)/bin/python -m pytest tests/load tests/system/test_persistence.py tests/system/test_network.py \
+	  tests/system/test_function.py -q
 
 # tests/system/test_fusion.py on `serve-fusion --image toolchains`: every language (cpp, go, java,
 # nodejs, rust, pytest, bash, python). Opt-in: the first run in a test state directory builds the
