@@ -56,14 +56,19 @@ def run_shell(sandbox_id: str, cmd: list[str]) -> int:
     saved = termios.tcgetattr(fd) if interactive else None
     # The handler only notes the resize; the loop below sends it. A request made inside the
     # handler would run nested in whatever call the main thread was blocked in (a stdin write).
-    winch = threading.Event()
-    old_winch = signal.signal(signal.SIGWINCH, lambda *_: winch.set()) if interactive else None
+    # A plain flag: an Event's lock, held by the loop when the signal lands, would deadlock it.
+    resized = [False]
+
+    def on_winch(*_: object) -> None:
+        resized[0] = True
+
+    old_winch = signal.signal(signal.SIGWINCH, on_winch) if interactive else None
     try:
         if interactive:
             tty.setraw(fd)
         while not done.is_set():
-            if winch.is_set():
-                winch.clear()  # before reading the size: a resize during the request is sent next
+            if resized[0]:
+                resized[0] = False  # before reading the size: a resize during the request is sent next
                 p.resize(*_size())
             if not select.select([fd], [], [], 0.1)[0]:
                 continue
