@@ -191,10 +191,10 @@ def print_rows(rows: list[Row]) -> None:
               f"{r.passed:>4}/{r.total}")
 
 
-def run_section(levels: list[int], limit: int | None = None,
-                modes: tuple[str, ...] = ("container", "fusion", "sandbox", "runc", "runc_container", "raw_runsc",
-                                          "raw_runc", "unisolated")
-                ) -> dict[str, Any]:
+MODES = ("container", "fusion", "sandbox", "runc", "runc_container", "raw_runsc", "raw_runc", "unisolated")
+
+
+def run_section(levels: list[int], limit: int | None = None, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
     """The HumanEval rows at each concurrency in `levels`, printed as one table; returns the
     JSON keys (`humaneval_<mode>_c8_per_s`, `..._cpu_ms`) and the rows."""
     progs = programs(limit)
@@ -264,9 +264,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rollbox bench humaneval", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="concurrency 8 only")
     ap.add_argument("--limit", type=int, default=None, help="first N problems only")
-    ap.add_argument("--modes", default="container,fusion,sandbox,runc,runc_container,raw_runsc,raw_runc,unisolated")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help=f"comma-separated rows to run, of: {', '.join(MODES)} (default: all)")
     args = ap.parse_args(argv)
-    out = run_section([8] if args.quick else [1, 4, 8], args.limit, tuple(args.modes.split(",")))
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        ap.error(f"unknown --modes {', '.join(unknown) or '(none given)'}: choose from {', '.join(MODES)}")
+    out = run_section([8] if args.quick else [1, 4, 8], args.limit, modes)
     print(json.dumps(out))
     return 0
 

@@ -218,15 +218,17 @@ class SandboxProcess:
     async def _call(self, method: str, sub: str, body: Any = None) -> Any:
         return await self._sb._call(method, f"processes/{self.pid}{'/' + sub if sub else ''}", body)
 
-    async def _events(self, stdout: int, stderr: int, until: float | None = None) -> AsyncIterator[dict[str, Any]]:
-        """The output stream's events from these offsets until the {"exit"} event. A daemon
+    async def _events(self, stdout: int, stderr: int, until: float | None = None,
+                      follow: bool = True) -> AsyncIterator[dict[str, Any]]:
+        """The output stream's events from these offsets until the {"exit"} event (at once,
+        with `running` true, after what is retained when not `follow`ing). A daemon
         that restarts (or crashes) meanwhile cuts the answer: it is asked again from the
         offsets reached, for up to RESUME_S seconds (the process lives in the sandbox)."""
         offsets = {"stdout": stdout, "stderr": stderr}
         path = f"/sandboxes/{self._sb.sandbox_id}/processes/{self.pid}/output"
         lost_at: float | None = None
         while True:
-            params: dict[str, Any] = {**offsets, "follow": "true"}
+            params: dict[str, Any] = {**offsets, "follow": "true" if follow else "false"}
             if until is not None:  # the daemon ends the stream then, with a running=true exit line
                 params["timeout"] = max(0.0, until - time.monotonic())
             try:
@@ -257,22 +259,24 @@ class SandboxProcess:
         while (await self._sb.info.aio()).state == "paused":
             await asyncio.sleep(0.5)
 
-    async def _chunks(self, which: str | None = None) -> AsyncIterator[tuple[str, bytes]]:
-        """(stream, bytes) pairs of `which` (None: both) until the process ends."""
+    async def _chunks(self, which: str | None = None, follow: bool = True) -> AsyncIterator[tuple[str, bytes]]:
+        """(stream, bytes) pairs of `which` (None: both) until the process ends (not
+        `follow`ing: until the end of what is retained now)."""
         out = 0 if which in (None, "stdout") else _FAR
         err = 0 if which in (None, "stderr") else _FAR
-        async for ev in self._events(out, err):
+        async for ev in self._events(out, err, follow=follow):
             if "stream" in ev:
                 if ev.get("truncated"):
                     getattr(self, ev["stream"]).truncated = True
                 yield ev["stream"], base64.b64decode(ev["data"])
 
     @streaming
-    async def logs(self) -> AsyncIterator[tuple[str, bytes]]:
+    async def logs(self, follow: bool = True) -> AsyncIterator[tuple[str, bytes]]:
         """("stdout" | "stderr", chunk) pairs of both streams until the process ends (in the
-        order the agent read them; their relative order within one read is not kept).
+        order the agent read them; their relative order within one read is not kept); with
+        `follow=False`, only the output retained so far, then it returns at once.
         `async for name, chunk in p.logs.aio()` too."""
-        async for pair in self._chunks(None):
+        async for pair in self._chunks(None, follow):
             yield pair
 
     @synchronized

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import termios
 import textwrap
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -374,13 +375,123 @@ def test_a_process_running_at_snapshot_runs_on_in_every_copy(client: Client) -> 
 
 def test_rollbox_shell_and_process_ls(sb: SandboxInstance, home: Paths) -> None:
     cli = [sys.executable, "-m", "rollbox"]
-    r = subprocess.run([*cli, "shell", sb.sandbox_id], input=b"echo hi-$((6*7)); stty size; exit 4\n",
+    # Piped input gets a pipe, not a terminal (as with ssh and `docker exec -i`): it ends at EOF.
+    r = subprocess.run([*cli, "shell", sb.sandbox_id], input=b"echo hi-$((6*7)); tty; exit 4\n",
                        env=_env(home), capture_output=True, timeout=60)
     assert r.returncode == 4, r.stderr[-2000:]
-    assert b"hi-42" in r.stdout and b"24 80" in r.stdout
+    assert b"hi-42" in r.stdout and b"not a tty" in r.stdout
     r = subprocess.run([*cli, "process", "ls", sb.sandbox_id], env=_env(home), capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and "exited" in r.stdout and "bash -l" in r.stdout, r.stdout + r.stderr
+
+
+def test_rollbox_shell_passes_term_and_logs_no_follow_returns(sb: SandboxInstance, home: Paths) -> None:
+    """New-user trial: the shell's TERM was unset (`clear` failed), and `rollbox process logs`
+    of a running process never returned."""
+    cli = [sys.executable, "-m", "rollbox"]
+    r = subprocess.run([*cli, "shell", sb.sandbox_id, "--", "sh", "-c", "echo TERM=$TERM"],
+                       env=dict(_env(home), TERM="xterm-256color"), capture_output=True, timeout=60)
+    assert r.returncode == 0 and b"TERM=xterm-256color" in r.stdout, r.stdout + r.stderr[-2000:]
+    p = sb.process.exec("sh", "-c", "echo first; sleep 60")
+    assert next(iter(p.stdout)) == b"first\n"
+    try:
+        r = subprocess.run([*cli, "process", "logs", "--no-follow", sb.sandbox_id, str(p.pid)], env=_env(home),
+                           capture_output=True, timeout=30)
+        assert r.returncode == 0 and r.stdout == b"first\n", r.stdout + r.stderr[-2000:]
+    finally:
+        p.kill()
+
+
+def test_rollbox_shell_whose_sandbox_ends_says_so_in_one_line(client: Client, home: Paths) -> None:
+    """New-user trial: a sandbox terminated under `rollbox shell` printed the output thread's
+    traceback before the CLI's one-line error."""
+    other = Sandbox(memory=256, client=client).create()
+    cli = subprocess.Popen([sys.executable, "-m", "rollbox", "shell", other.sandbox_id, "--", "sh", "-c",
+                            "echo UP; sleep 120"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, env=_env(home))
+    try:
+        assert cli.stdout is not None and cli.stdout.readline().strip() == b"UP"
+        other.terminate()
+        _, err = cli.communicate(timeout=60)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    assert cli.returncode not in (0, None) and b"Traceback" not in err, err[-3000:]
+    assert b"SandboxTerminated" in err or b"SandboxNotFound" in err, err[-3000:]
+
+
+def test_rollbox_shell_with_input_at_eof_ends_with_the_commands_code(sb: SandboxInstance, home: Paths) -> None:
+    """Break-it trial: `rollbox shell ID < /dev/null` hung (bash lost the ^D of a terminal it
+    had not set up yet), and a command that exited before its stdin was closed was reported
+    as StdinClosed (exit 2) instead of its own code."""
+    cli = [sys.executable, "-m", "rollbox", "shell", sb.sandbox_id]
+    r = subprocess.run(cli, stdin=subprocess.DEVNULL, env=_env(home), capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for _ in range(6):
+        r = subprocess.run([*cli, "--", "sh", "-c", "exit 3"], stdin=subprocess.DEVNULL, env=_env(home),
+                           capture_output=True, timeout=60)
+        assert r.returncode == 3, r.stderr[-2000:]
+    running = [p for p in sb.process.list_processes() if p.running and p.argv[:1] in (["/bin/sh"], ["sh"])]
+    assert running == [], running
+
+
+def _start_shell(sb: SandboxInstance, home: Paths, tmp_path: Path, *cmd: str) -> tuple[subprocess.Popen[bytes], int]:
+    """`rollbox shell ID -- cmd` on a new pty (31x101); returns the CLI and the pty's master."""
+    master, slave = os.openpty()
+    _set_winsize(slave, 31, 101)
+    with open(tmp_path / "stderr", "wb") as err:
+        cli = subprocess.Popen([sys.executable, "-m", "rollbox", "shell", sb.sandbox_id, "--", *cmd], stdin=slave,
+                               stdout=slave, stderr=err, env=_env(home), start_new_session=True)
+    os.close(slave)
+    return cli, master
+
+
+def _read_until(master: int, marker: bytes, limit: float = 30.0) -> bytes:
+    out = b""
+    deadline = time.monotonic() + limit
+    while marker not in out:
+        left = deadline - time.monotonic()
+        assert left > 0, (marker, out[-500:])
+        if select.select([master], [], [], left)[0]:
+            out += os.read(master, 65536)
+    return out
+
+
+def test_rollbox_shell_resizes_while_a_write_blocks_and_a_hangup_kills_the_command(
+        sb: SandboxInstance, home: Paths, tmp_path: Path) -> None:
+    """Break-it trial: a paste into a command that does not read stdin blocked the resizes
+    (and crashed the CLI after 60 s); SIGHUP (a closed window) left the command running."""
+    cli, master = _start_shell(sb, home, tmp_path, "sh", "-c", "while :; do stty size; sleep 0.3; done")
+    try:
+        _read_until(master, b"31 101")
+        deadline = time.monotonic() + 30
+        while termios.tcgetattr(master)[3] & termios.ECHO:  # the CLI's raw mode: it is reading keys
+            assert time.monotonic() < deadline and cli.poll() is None, (tmp_path / "stderr").read_bytes()[-2000:]
+            time.sleep(0.05)  # polling the terminal's mode, not ordering by a sleep
+        def paste() -> None:
+            try:
+                os.write(master, b"x" * 200_000)  # more than the sandbox's terminal takes unread
+            except OSError:  # the terminal closed at the end of the test
+                pass
+
+        threading.Thread(target=paste, daemon=True).start()
+        time.sleep(1.0)  # let the write reach the CLI and block there (not an ordering by sleep: either way it must pass)
+        _set_winsize(master, 50, 150)
+        cli.send_signal(signal.SIGWINCH)
+        _read_until(master, b"50 150", limit=15)
+        cli.send_signal(signal.SIGHUP)
+        assert cli.wait(timeout=30) == 128 + signal.SIGHUP, (tmp_path / "stderr").read_bytes()[-2000:]
+        assert b"Traceback" not in (tmp_path / "stderr").read_bytes()
+        deadline = time.monotonic() + 15
+        while any(p.running and "stty size" in " ".join(p.argv) for p in sb.process.list_processes()):
+            assert time.monotonic() < deadline, "the command outlived the hangup of its terminal"
+            time.sleep(0.2)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+        os.close(master)
 
 
 def _set_winsize(fd: int, rows: int, cols: int) -> None:
@@ -424,10 +535,11 @@ def test_rollbox_shell_on_a_terminal_resizes_and_exits_with_the_code(sb: Sandbox
         until(b"READY-42")
         assert b"31 101" in until(b"END")  # the size the terminal had when the shell started
         _set_winsize(master, 45, 140)
-        cli.send_signal(signal.SIGWINCH)
-        # The resize travels as its own request: ask until the shell sees it.
+        cli.send_signal(signal.SIGWINCH)  # what a terminal sends (the CLI also looks by itself)
+        # The resize travels as its own request: ask until the shell sees it (10 s).
         seen = []
-        for _ in range(20):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
             os.write(master, b"stty size; echo E''ND\n")
             seen.append(until(b"END")[-40:])
             if b"45 140" in seen[-1]:

@@ -20,3 +20,10 @@ def test_a_sections_help_is_its_own(section: str, option: str) -> None:
 def test_bench_help_is_the_commands() -> None:
     res = CliRunner().invoke(app, ["bench", "--help"])
     assert res.exit_code == 0 and "--quick" in res.output and "humaneval" in res.output, res.output
+
+
+def test_an_unknown_humaneval_mode_is_refused_with_the_choices() -> None:
+    """New-user trial: `--modes contianer` ran nothing and exited 0 with an empty table."""
+    res = CliRunner().invoke(app, ["bench", "humaneval", "--modes", "contianer", "--limit", "1", "--quick"])
+    assert res.exit_code == 2, res.output
+    assert "unknown --modes contianer" in res.output and "runc_container" in res.output, res.output
