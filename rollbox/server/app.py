@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
+import math
 import time
 from dataclasses import asdict
-import json
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse as _StarletteJSON, Response
 from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
@@ -23,6 +26,7 @@ from ..version import __version__
 from . import autopause
 from .episode_routes import add_episode_routes
 from .file_routes import add_file_routes
+from .fastpath import ExecFastPath
 from .leases import Leases, add_lease_routes
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .process_routes import add_process_routes
@@ -146,7 +150,21 @@ class JSONResponse(_StarletteJSON):
     (not valid UTF-8), which Starlette's UTF-8 rendering would turn into a 500."""
 
     def render(self, content: Any) -> bytes:
-        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+        try:
+            return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+        except ValueError:  # a 422 echoing a NaN the request held (Python's json reads one): null
+            return json.dumps(_finite(content), ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every NaN and infinity replaced by None (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 class TypedServerErrors:
@@ -205,15 +223,27 @@ class TypedServerErrors:
             await send({"type": "http.response.body", "body": body})
 
 
-def create_app(service: SandboxService) -> FastAPI:
-    app = FastAPI(title="rollbox daemon", version=__version__, default_response_class=JSONResponse)
-    app.state.service = service
+def add_error_handlers(app: FastAPI) -> None:
+    """A RollboxError answers with its typed body and status; a body the route's model
+    refuses with FastAPI's 422 details, rendered as JSON even when the request held a NaN."""
 
     @app.exception_handler(errors.RollboxError)
     async def _rollbox_error(_req: Request, exc: errors.RollboxError) -> JSONResponse:
         return JSONResponse(status_code=exc.status, content=exc.to_wire())
 
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_body(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": jsonable_encoder(exc.errors())})
+
+
+def create_app(service: SandboxService) -> FastAPI:
+    app = FastAPI(title="rollbox daemon", version=__version__, default_response_class=JSONResponse)
+    app.state.service = service
+
+    add_error_handlers(app)
     app.state.stopping = False  # set by the daemon when a signal tells it to stop
+    # Added first, so it runs inside TypedServerErrors (Starlette: the last added is outermost).
+    app.add_middleware(ExecFastPath, service=service, model=ExecRequest)
     app.add_middleware(TypedServerErrors, stopping=lambda: bool(app.state.stopping))
     add_episode_routes(app, service, ExecRequest, WriteFile, PathRequest)
     add_lease_routes(app, Leases(service))
