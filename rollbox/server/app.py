@@ -10,7 +10,6 @@ import asyncio
 import base64
 import json
 import logging
-import math
 import time
 from dataclasses import asdict
 from typing import Any, Callable
@@ -23,7 +22,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
 from .. import errors
 from ..version import __version__
-from . import autopause
+from . import autopause, jsonbody
 from .episode_routes import add_episode_routes
 from .file_routes import add_file_routes
 from .fastpath import ExecFastPath
@@ -150,21 +149,7 @@ class JSONResponse(_StarletteJSON):
     (not valid UTF-8), which Starlette's UTF-8 rendering would turn into a 500."""
 
     def render(self, content: Any) -> bytes:
-        try:
-            return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
-        except ValueError:  # a 422 echoing a NaN the request held (Python's json reads one): null
-            return json.dumps(_finite(content), ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
-
-
-def _finite(value: Any) -> Any:
-    """`value` with every NaN and infinity replaced by None (JSON has neither)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
+        return jsonbody.render(content)
 
 
 class TypedServerErrors:

@@ -16,13 +16,15 @@ unexpected exception still becomes a typed 500.
 
 from __future__ import annotations
 
-import json
+import email.message
 import re
 from typing import TYPE_CHECKING, Any
 
+from fastapi.encoders import jsonable_encoder
 from pydantic import BaseModel, ValidationError
 
 from .. import errors
+from . import jsonbody
 
 if TYPE_CHECKING:
     from .service import SandboxService
@@ -31,16 +33,23 @@ _EXEC = re.compile(r"/sandboxes/([^/]+)/exec")
 
 
 def _answer_body(content: Any) -> bytes:
-    # As app.JSONResponse renders it: ASCII-escaped (file names may hold surrogate escapes).
-    return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+    """As the route renders its answer: the JSON form FastAPI's encoder would make of it
+    (bytes as text, say) when it is not plain JSON already; app.JSONResponse's rendering."""
+    try:
+        return jsonbody.render(content)
+    except TypeError:
+        return jsonbody.render(jsonable_encoder(content))
 
 
 def _is_json(scope: dict[str, Any]) -> bool:
-    """The request says its body is JSON, as FastAPI requires before parsing one."""
+    """The request says its body is JSON, decided as FastAPI decides before parsing one
+    (its first Content-Type read by `email.message`, which calls a malformed type text/plain)."""
     for name, value in scope["headers"]:
         if name == b"content-type":
-            kind = bytes(value).split(b";", 1)[0].strip().lower()
-            return kind == b"application/json" or (kind.startswith(b"application/") and kind.endswith(b"+json"))
+            message = email.message.Message()
+            message["content-type"] = bytes(value).decode("latin-1")
+            subtype = message.get_content_subtype()
+            return message.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json"))
     return False
 
 

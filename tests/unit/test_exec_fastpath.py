@@ -26,8 +26,8 @@ class StubService:
         self.calls.append((sandbox_id, argv, kw))
         if sandbox_id == "sb-gone":
             raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found", sandbox_id=sandbox_id)
-        if argv == ["boom"]:
-            raise RuntimeError("a bug")
+        if argv == ["nan"]:  # answers that are not plain JSON: the route's encoder makes them so
+            return {"exit_code": 0, "duration_s": float("nan"), "stdout": b"abc"}
         return {"exit_code": 0, "stdout": "aGk=", "stderr": "", "argv": argv, "name": "caf\u00e9"}
 
 
@@ -51,6 +51,7 @@ def _apps(service: StubService) -> tuple[FastAPI, FastAPI]:
 BODIES: list[Any] = [
     {"argv": ["echo", "hi"], "env": {"A": "1"}, "cwd": "/tmp", "timeout": 5, "max_output": 10, "user": 1000},
     {"argv": ["true"], "user": "nobody", "stdin": "aGk="},
+    {"argv": ["nan"]},
     {},  # argv missing
     {"argv": "true"},  # not a list
     {"argv": ["true"], "timeout": -1},
@@ -72,6 +73,9 @@ RAW: list[tuple[bytes, dict[str, str]]] = [
     (b'{"argv": ["true"]}', {"content-type": "text/plain"}),
     (b'{"argv": ["true"]}', {}),
     (b'{"argv": ["true"]}', {"content-type": "application/merge-patch+json; charset=utf-8"}),
+    # Break-it trial: a type email.message calls text/plain ran the exec where FastAPI gave a 422.
+    (b'{"argv": ["true"]}', {"content-type": "application/x/y+json"}),
+    (b'{"argv": ["true"]}', {"content-type": "application//+json"}),
 ]
 
 
