@@ -201,7 +201,7 @@ def _live_sandboxes(home: Path) -> list[str]:
 
 
 def test_two_nodes_run_a_batch_like_the_local_backend(cluster, snapshot_id) -> None:  # type: ignore[no-untyped-def]
-    tasks = list(range(64))
+    tasks = list(range(32))
     with SandboxPool(snapshot_id, max_concurrency=8, backend="local") as pool:
         local = list(pool.map(square, tasks, timeout=60, ordered=True, progress=False))
     with SandboxPool(snapshot_id, max_concurrency=8, backend="ray") as pool:
