@@ -79,7 +79,7 @@ def _tcp_socket(host: str, port: int) -> socket.socket:
 
 class _Server(uvicorn.Server):
     """uvicorn's server, telling the app when a signal starts its shutdown: what runs then is
-    answered `daemon_unavailable` (retryable), never an untyped 500 (app.TypedServerErrors)."""
+    answered `daemon_unavailable` (retryable), never an untyped 500 (answers.TypedServerErrors)."""
 
     def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
         super().__init__(config)

@@ -24,7 +24,7 @@ from fastapi.encoders import jsonable_encoder
 from pydantic import BaseModel, ValidationError
 
 from .. import errors
-from . import jsonbody
+from .answers import render
 
 if TYPE_CHECKING:
     from .service import SandboxService
@@ -36,9 +36,9 @@ def _answer_body(content: Any) -> bytes:
     """As the route renders its answer: the JSON form FastAPI's encoder would make of it
     (bytes as text, say) when it is not plain JSON already; app.JSONResponse's rendering."""
     try:
-        return jsonbody.render(content)
+        return render(content)
     except TypeError:
-        return jsonbody.render(jsonable_encoder(content))
+        return render(jsonable_encoder(content))
 
 
 def _is_json(scope: dict[str, Any]) -> bool:

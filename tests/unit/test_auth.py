@@ -46,7 +46,7 @@ def test_a_websocket_without_the_token_is_closed_not_sent_http_messages() -> Non
 
 
 def test_an_unexpected_error_is_a_typed_500_on_the_same_connection() -> None:
-    from rollbox.server.app import TypedServerErrors
+    from rollbox.server.answers import TypedServerErrors
 
     async def broken(scope: dict[str, Any], receive: Any, send: Any) -> None:
         raise RuntimeError("boom")

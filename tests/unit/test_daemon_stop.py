@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from rollbox import errors
 from rollbox.client.transport import Client
 from rollbox.config import Paths
-from rollbox.server.app import TypedServerErrors
+from rollbox.server.answers import TypedServerErrors
 
 
 def test_a_request_cancelled_by_shutdown_is_answered_daemon_unavailable_gh19(tmp_path: Path) -> None:

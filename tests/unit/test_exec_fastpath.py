@@ -12,7 +12,8 @@ import pytest
 from fastapi import FastAPI
 
 from rollbox import errors
-from rollbox.server.app import ExecRequest, JSONResponse, add_error_handlers
+from rollbox.server.answers import JSONResponse, add_error_handlers
+from rollbox.server.app import ExecRequest
 from rollbox.server.fastpath import ExecFastPath
 
 
