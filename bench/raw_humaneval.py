@@ -35,7 +35,7 @@ def make_checkpoint(raw: RawRunsc) -> Path:
     return image
 
 
-def run_raw_runsc() -> Callable[[list[str], int], list[tuple[bool, float]]]:
+def run_raw_runsc(platform: str = "systrap") -> Callable[[list[str], int], list[tuple[bool, float]]]:
     state: dict[str, object] = {}
 
     def one(raw: RawRunsc, image: Path, program: str) -> tuple[bool, float]:
@@ -53,7 +53,7 @@ def run_raw_runsc() -> Callable[[list[str], int], list[tuple[bool, float]]]:
     def run(progs: list[str], concurrency: int) -> list[tuple[bool, float]]:
         if "raw" not in state:
             state["reaper"] = OrphanReaper().start()
-            raw = RawRunsc()
+            raw = RawRunsc(platform=platform)
             state["raw"] = raw
             state["image"] = make_checkpoint(raw)
         raw, image = state["raw"], state["image"]

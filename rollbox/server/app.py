@@ -67,6 +67,8 @@ class CreateSandbox(BaseModel):
     pids: StrictInt = Field(512, description="the most processes and threads the sandbox may hold at once; a fork "
                             "past it fails with EAGAIN inside")
     auto_pause_seconds: float | None = Field(None, allow_inf_nan=False, description=AUTO_PAUSE_DOC)
+    platform: StrictStr | None = Field(None, description="gVisor platform: 'systrap' or 'ptrace'; null: the "
+                                       "daemon's (ROLLBOX_PLATFORM). Its snapshots restore on it")
 
 
 class BuildImage(BaseModel):
@@ -174,7 +176,7 @@ def create_app(service: SandboxService) -> FastAPI:
                                     ports=body.ports, block_network=body.block_network, allow_list=body.allow_list,
                                     entrypoint=body.entrypoint, gpu=body.gpu, gpu_count=body.gpu_count,
                                     disk_mib=body.disk, pids=body.pids,
-                                    docker_enabled=body.docker_enabled, runtime=body.runtime)
+                                    docker_enabled=body.docker_enabled, runtime=body.runtime, platform=body.platform)
         if auto_pause is not None:
             service.autopause.arm(info.sandbox_id, auto_pause)
         return asdict(info)

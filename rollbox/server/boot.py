@@ -57,11 +57,13 @@ class Booter:
                    host_ports: dict[int, int] | None = None, gpus: list[Gpu] | None = None,
                    privileged: bool = False, disk_mib: int | None = None, runtime: str = "gvisor",
                    pids: int = DEFAULT_PIDS, files_from: SnapshotMeta | None = None,
-                   containers: bool = False) -> SandboxInfo:
+                   containers: bool = False, platform: str | None = None) -> SandboxInfo:
         """Starts one sandbox (a fresh boot, or from `snapshot`) once admission lets it.
 
         files_from: a fresh boot that starts with this snapshot's files (its overlay upper),
         not its memory. containers: the sandbox hosts episode containers (BundleSpec's).
+        platform: a fresh gVisor sandbox's platform (None: the daemon's); a restore always runs
+        on its snapshot's.
 
         Raises:
             InvalidArgument: limits, environment, disk cap or pids out of range.
@@ -94,7 +96,7 @@ class Booter:
                                          resume=resume, binds=binds, t0=t0, net=net,
                                          host_ports=host_ports or {}, gpus=gpus or [], privileged=privileged,
                                          disk_mib=disk_mib, runtime=runtime, pids=pids,
-                                         files_from=files_from, containers=containers)
+                                         files_from=files_from, containers=containers, platform=platform)
         except BaseException:
             if sandbox_id not in self.reg.live:
                 self.reg.mounts.release(sandbox_id)
@@ -107,7 +109,7 @@ class Booter:
                      net: NetworkSpec | None, host_ports: dict[int, int], gpus: list[Gpu],
                      privileged: bool, disk_mib: int | None, runtime: str = "gvisor",
                      pids: int = DEFAULT_PIDS, files_from: SnapshotMeta | None = None,
-                     containers: bool = False) -> SandboxInfo:
+                     containers: bool = False, platform: str | None = None) -> SandboxInfo:
         ctx = self.ctx
         if disk_free_bytes(ctx.paths.home) < MIN_FREE_DISK:
             raise errors.ResourceExhausted(
@@ -116,8 +118,10 @@ class Booter:
         # A resume reuses its container id: the watchdog must not remove the new cgroup as the
         # pause's leftover.
         self.reg.cgroup_leftovers.discard(container_id(sandbox_id))
+        # A checkpoint restores only on the platform it was taken on (a systrap image on ptrace
+        # dies at once: measured with runsc 20240729).
         platform = "" if runtime != "gvisor" else (
-            (snapshot.platform or DEFAULT_PLATFORM) if snapshot is not None else ctx.runsc.platform)
+            (snapshot.platform or DEFAULT_PLATFORM) if snapshot is not None else (platform or ctx.runsc.platform))
         agent_src = self.agent_source(snapshot, platform)
         cid = container_id(sandbox_id)
         d = ctx.sandbox_dir(sandbox_id)
@@ -171,7 +175,12 @@ class Booter:
             fin, fout = make_fifos(d)
             sb_in, sb_out = open_for_sandbox(fin, fout)
             try:
-                if snapshot is None:
+                if snapshot is None and runtime == "gvisor":
+                    res = await ctx.runsc.start_detached("run", cid, d, stdin_fd=sb_in, stdout_fd=sb_out,
+                                                         log_path=d / "runsc.log", timeout=BOOT_TIMEOUT_S,
+                                                         networked=slot is not None, gpu=bool(gpus),
+                                                         privileged=privileged, platform=platform)
+                elif snapshot is None:
                     res = await driver.start_detached("run", cid, d, stdin_fd=sb_in, stdout_fd=sb_out,
                                                       log_path=d / "runsc.log", timeout=BOOT_TIMEOUT_S,
                                                       networked=slot is not None, gpu=bool(gpus),
@@ -239,7 +248,8 @@ class Booter:
                 sandbox_id=sandbox_id, state=SandboxState.RUNNING, image_id=image_id, created_at=now, cpu=cpu,
                 memory_mib=memory_mib, pids=pids, keep_warm_seconds=keep_warm_seconds,
                 snapshot_id=snapshot.snapshot_id if snapshot else None, fork_index=fork_index, ttfc_ms=ttfc_ms,
-                volumes=json.dumps(volumes), tags=json.dumps(tags or {}), runtime=runtime, **net_cols)
+                volumes=json.dumps(volumes), tags=json.dumps(tags or {}), runtime=runtime, platform=platform,
+                **net_cols)
         self.deathwatch.watch(lv)
         return self.reg.info(sandbox_id)
 

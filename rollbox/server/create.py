@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import errors
 from ..network.policy import NetworkSpec
+from ..config import check_platform
 from ..runtime.bundle import DEFAULT_PIDS
 from ..runtime.driver import check_runtime
 from ..runtime.gpu import select as select_gpus
@@ -35,10 +36,12 @@ class Creator:
                      ports: list[int] | None = None, block_network: bool = True,
                      allow_list: list[str] | None = None, entrypoint: bool | None = None,
                      gpu: str | None = None, gpu_count: int = 1, docker_enabled: bool = False,
-                     disk_mib: int | None = None, runtime: str = "gvisor", pids: int = DEFAULT_PIDS) -> SandboxInfo:
+                     disk_mib: int | None = None, runtime: str = "gvisor", pids: int = DEFAULT_PIDS,
+                     platform: str | None = None) -> SandboxInfo:
         """A fresh sandbox of `image_id`. The image's config applies: its Env under `env`, its
         WorkingDir and User for commands, and its Entrypoint + Cmd started as the main process
-        when `entrypoint` is True, or None and the image declares one.
+        when `entrypoint` is True, or None and the image declares one. `platform`: its gVisor
+        platform (config.PLATFORMS; None: the daemon's), kept by its snapshots.
 
         Raises:
             InvalidArgument: an option is invalid or cannot apply (e.g. no Docker in the image).
@@ -49,6 +52,10 @@ class Creator:
         """
         net = NetworkSpec.parse(ports, block_network, allow_list)  # validated before anything exists
         check_runtime(runtime)
+        check_platform(platform)
+        if runtime == "runc" and platform is not None:
+            raise errors.InvalidArgument(f"platform={platform!r} is a gVisor platform; runtime='runc' has none "
+                                         f"(leave platform=None)")
         if runtime == "runc" and (gpu is not None or docker_enabled):
             raise errors.InvalidArgument("runtime='runc' supports neither gpu= nor docker_enabled=True (both need "
                                          "gVisor's nvproxy or its own kernel); use runtime='gvisor'")
@@ -75,7 +82,7 @@ class Creator:
         info = await self.booter.boot(sandbox_id=new_sandbox_id(), image_id=image_id, cpu=cpu, memory_mib=memory_mib,
                                       env=env, keep_warm_seconds=keep_warm_seconds, volumes=vols, tags=tags, net=net,
                                       gpus=gpus, privileged=docker_enabled, disk_mib=disk_mib, runtime=runtime,
-                                      pids=pids)
+                                      pids=pids, platform=platform)
         if docker_enabled:
             # gVisor's documented Docker-in-gVisor set-up: no bridge or iptables (containers use
             # the sandbox's network), the vfs storage driver (no overlayfs inside).

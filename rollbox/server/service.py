@@ -166,13 +166,14 @@ class SandboxService:
                      ports: list[int] | None = None, block_network: bool = True,
                      allow_list: list[str] | None = None, entrypoint: bool | None = None,
                      gpu: str | None = None, gpu_count: int = 1, docker_enabled: bool = False,
-                     disk_mib: int | None = None, runtime: str = "gvisor", pids: int = DEFAULT_PIDS) -> SandboxInfo:
+                     disk_mib: int | None = None, runtime: str = "gvisor", pids: int = DEFAULT_PIDS,
+                     platform: str | None = None) -> SandboxInfo:
         """A fresh sandbox of `image_id` (see `Creator.create` for the options and errors)."""
         return await self.creator.create(
             image_id=image_id, cpu=cpu, memory_mib=memory_mib, env=env, keep_warm_seconds=keep_warm_seconds,
             volumes=volumes, tags=tags, ports=ports, block_network=block_network, allow_list=allow_list,
             entrypoint=entrypoint, gpu=gpu, gpu_count=gpu_count, docker_enabled=docker_enabled,
-            disk_mib=disk_mib, runtime=runtime, pids=pids)
+            disk_mib=disk_mib, runtime=runtime, pids=pids, platform=platform)
 
     async def acquire(self, snapshot_id: str, *, keep_warm_seconds: float | None = 600,
                       tags: dict[str, str] | None = None) -> SandboxInfo:

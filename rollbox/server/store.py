@@ -78,7 +78,8 @@ MIGRATIONS = [
     ("sandboxes", "host_ports", "TEXT NOT NULL DEFAULT '{}'"),
     ("sandboxes", "runtime", "TEXT NOT NULL DEFAULT 'gvisor'"),
     ("sandboxes", "pids", "INTEGER"),
-    ("sandboxes", "auto_pause_seconds", "REAL"),  # NULL: never auto-paused (server/autopause.py)
+    ("sandboxes", "auto_pause_seconds", "REAL"),
+    ("sandboxes", "platform", "TEXT NOT NULL DEFAULT ''"),  # gVisor's; '' for runc or before it was kept  # NULL: never auto-paused (server/autopause.py)
 ]
 
 __all__ = ["LIVE_STATES", "Store"]

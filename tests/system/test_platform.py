@@ -1,6 +1,7 @@
 """The gVisor platform is a daemon setting (ROLLBOX_PLATFORM / `rollbox serve --platform`):
-systrap by default, ptrace for fleets that mostly idle. A checkpoint restores on the platform
-it was taken on, whatever the restoring daemon's default."""
+systrap by default, ptrace for fleets that mostly idle; a sandbox may name its own
+(`Sandbox(platform=...)`). A checkpoint restores on the platform it was taken on, whatever the
+restoring daemon's default."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from rollbox import Image, Sandbox
+from rollbox import Image, Sandbox, SandboxPool
 from rollbox.client.transport import Client, stop_daemon
 from rollbox.config import Paths
-from rollbox.errors import DaemonUnavailable
+from rollbox.errors import DaemonUnavailable, InvalidArgument
 from tests.system.conftest import side_home
 
 
@@ -117,3 +118,68 @@ def test_daemon_restart_keeps_the_platform(ptrace_daemon: Client) -> None:
     assert out.returncode == 0 and "gVisor platform ptrace" in out.stdout, out.stdout + out.stderr
     h = Client(paths=ptrace_daemon.paths).request("GET", "/health")
     assert h["platform"] == "ptrace" and h["pid"] != before
+
+
+def _platform_flags(sandbox_id: str) -> set[str]:
+    """The --platform flags on the command lines of the runsc sandbox process serving it."""
+    import psutil
+    cid = sandbox_id.removeprefix("sb-")
+    flags: set[str] = set()
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if cmd and cmd[0] == "runsc-sandbox" and cmd[-1] == cid:
+            flags |= {a for a in cmd if a.startswith("--platform=")}
+    return flags
+
+
+def test_a_sandbox_names_its_own_platform_and_its_snapshot_restores_there() -> None:
+    """On the suite's (systrap) daemon: Sandbox(platform="ptrace") boots on ptrace, says so,
+    and its memory snapshot's restores and episode-pool sandboxes run on ptrace too (a
+    systrap restore of a ptrace image would die at once); the default stays systrap."""
+    plain = Sandbox(image=Image.debian(), memory=256).create()
+    try:
+        assert plain.info().platform == "systrap" and _platform_flags(plain.sandbox_id) == {"--platform=systrap"}
+    finally:
+        plain.terminate()
+    sb = Sandbox(image=Image.debian(), memory=256, platform="ptrace").create()
+    try:
+        assert sb.info().platform == "ptrace"
+        assert _platform_flags(sb.sandbox_id) == {"--platform=ptrace"}
+        sb.exec("sh", "-c", "echo on-ptrace > /tmp/origin")
+        snap = sb.snapshot_memory()
+    finally:
+        sb.terminate()
+    try:
+        copy = Sandbox().create_from_memory_snapshot(snap)
+        try:
+            assert copy.info().platform == "ptrace" and _platform_flags(copy.sandbox_id) == {"--platform=ptrace"}
+            assert copy.exec("cat", "/tmp/origin").stdout == b"on-ptrace\n"
+        finally:
+            copy.terminate()
+        seen: list[set[str]] = []
+
+        def episode(box: object, i: int) -> float:
+            seen.append(_platform_flags(box.sandbox_id))  # type: ignore[attr-defined]
+            r = box.exec("python3", "-c", f"print({i} * 2)")  # type: ignore[attr-defined]
+            return 1.0 if r.stdout == f"{i * 2}\n".encode() else 0.0
+
+        with SandboxPool(snap, max_concurrency=2, isolation="container") as pool:
+            res = list(pool.map(episode, range(4)))
+        assert [r.status for r in res] == ["ok"] * 4 and [r.reward for r in res] == [1.0] * 4, res
+        assert seen and all(f == {"--platform=ptrace"} for f in seen), seen
+    finally:
+        Client().request("DELETE", f"/snapshots/{snap}")
+
+
+@pytest.mark.parametrize("bad", ["kvm", "PTRACE", "", 3])
+def test_a_platform_that_cannot_run_is_refused_before_anything_starts(bad: object) -> None:
+    before = {r["sandbox_id"] for r in Client().request("GET", "/sandboxes")}
+    # A string names the choices; a non-string is the request model's own 422 on the field.
+    with pytest.raises(InvalidArgument, match="systrap, ptrace" if isinstance(bad, str) else "platform"):
+        Sandbox(image=Image.debian(), platform=bad).create()  # type: ignore[arg-type]
+    assert {r["sandbox_id"] for r in Client().request("GET", "/sandboxes")} == before
+
+
+def test_runc_takes_no_gvisor_platform() -> None:
+    with pytest.raises(InvalidArgument, match="runtime='runc' has none"):
+        Sandbox(image=Image.debian(), runtime="runc", platform="ptrace").create()

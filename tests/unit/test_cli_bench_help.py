@@ -27,3 +27,13 @@ def test_an_unknown_humaneval_mode_is_refused_with_the_choices() -> None:
     res = CliRunner().invoke(app, ["bench", "humaneval", "--modes", "contianer", "--limit", "1", "--quick"])
     assert res.exit_code == 2, res.output
     assert "unknown --modes contianer" in res.output and "runc_container" in res.output, res.output
+
+
+def test_an_unknown_humaneval_platform_is_refused_with_the_choices() -> None:
+    res = CliRunner().invoke(app, ["bench", "humaneval", "--platform", "kvm", "--limit", "1", "--quick"])
+    assert res.exit_code == 2 and "ptrace" in res.output and "systrap" in res.output, res.output
+
+
+def test_demo_refuses_an_unknown_platform_before_anything_runs() -> None:
+    res = CliRunner().invoke(app, ["demo", "humaneval", "--platform", "kvm", "--limit", "1"])
+    assert res.exit_code != 0 and "--platform 'kvm'" in str(res.exception or res.output), res.output

@@ -44,3 +44,17 @@ def test_delete_removes_what_a_restore_cut_short_left(tmp_path: Path) -> None:
     res = asyncio.run(Runsc(tmp_path, binary="/bin/false").delete(cid))
     assert res.returncode != 0
     assert sorted(p.name for p in tmp_path.iterdir()) == [other.name]  # another sandbox's state stays
+
+
+@pytest.mark.parametrize("good", [None, "systrap", "ptrace"])
+def test_a_sandbox_platform_is_none_or_one_that_runs_here(good: str | None) -> None:
+    from rollbox.config import check_platform
+    assert check_platform(good) == good
+
+
+@pytest.mark.parametrize("bad", ["kvm", "Ptrace", " ptrace", "", 1, ["ptrace"]])
+def test_any_other_sandbox_platform_is_invalid_argument(bad: object) -> None:
+    from rollbox.config import check_platform
+    from rollbox.errors import InvalidArgument
+    with pytest.raises(InvalidArgument, match="systrap, ptrace"):
+        check_platform(bad)
