@@ -433,13 +433,17 @@ def serve_fusion(listen: str = typer.Option("127.0.0.1:8080", help="HOST:PORT to
                                            "registry reference"),
                  memory: int = typer.Option(1024, help="MiB per sandbox (a container's address-space cap too)"),
                  runtime: str = typer.Option("gvisor", help="container isolation's pooled sandboxes: gvisor, or runc "
-                                             "(the programs on the host kernel: faster, weaker)")) -> None:
+                                             "(the programs on the host kernel: faster, weaker)"),
+                 platform: str = typer.Option("daemon", help="gVisor platform of the snapshot and every sandbox "
+                                              "restored from it: daemon (ROLLBOX_PLATFORM's), ptrace (Python "
+                                              "requests cheaper) or systrap (compilers faster)")) -> None:
     """Serve SandboxFusion's HTTP API (POST /run_code, /run_jupyter), every request in a fresh
     rollbox episode; point verl at it with sandbox_fusion_url=http://HOST:PORT/run_code."""
     from ..integrations import fusion
     img = _image_from_file(image) if ".py:" in image else fusion.image_for(image)
     fusion.serve(fusion.FusionBackend(img, isolation=isolation, concurrency=concurrency or fusion.default_concurrency(),
-                                      memory_mib=memory, runtime=runtime), listen)
+                                      memory_mib=memory, runtime=runtime,
+                                      platform=None if platform == "daemon" else platform), listen)
 
 
 @app.command()

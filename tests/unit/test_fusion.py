@@ -261,6 +261,9 @@ def test_backend_answers_unavailable_languages_without_a_pool() -> None:
         FusionBackend(Image.debian(), isolation="vm")
     with pytest.raises(InvalidArgument):
         FusionBackend(Image.debian(), concurrency=0)
+    with pytest.raises(InvalidArgument, match="systrap, ptrace"):
+        FusionBackend(Image.debian(), platform="kvm")
+    assert FusionBackend(Image.debian(), platform="ptrace").platform == "ptrace"
 
 
 def test_parse_listen() -> None:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
+from rollbox.config import check_platform
 from rollbox.errors import InvalidArgument, InvalidState, RollboxError
 from rollbox.sdk.image import Image
 from rollbox.sdk.pool import SandboxPool
@@ -50,11 +51,11 @@ def _script(name: str) -> bytes:
 
 
 def prepare_snapshot(image: Image, *, memory_mib: int, cpu: float,
-                     log: Callable[[str], None]) -> tuple[str, dict[str, str]]:
-    """Boots one sandbox of `image`, readies it (helper programs, toolchains probed and
-    warmed, python3 started) and snapshots its memory. Returns (snapshot id, {language: why
-    it is not installed, "" when it is})."""
-    sb = Sandbox(image=image, cpu=cpu, memory=memory_mib, keep_warm_seconds=600).create()
+                     log: Callable[[str], None], platform: str | None = None) -> tuple[str, dict[str, str]]:
+    """Boots one sandbox of `image` on gVisor `platform` (None: the daemon's), readies it
+    (helper programs, toolchains probed and warmed, python3 started) and snapshots its memory.
+    Returns (snapshot id, {language: why it is not installed, "" when it is})."""
+    sb = Sandbox(image=image, cpu=cpu, memory=memory_mib, keep_warm_seconds=600, platform=platform).create()
     try:
         sb.exec("mkdir", "-p", langs.WORKDIR, langs.SCRIPTS_DIR, langs.TOOL_ENV["GOCACHE"], timeout=60)
         for name in SCRIPTS:
@@ -94,6 +95,10 @@ class FusionBackend:
             capped at it too.
         cpu: CPU cores of each sandbox.
         log: where start-up progress goes.
+        platform: the gVisor platform of the snapshot and so of every sandbox restored from it
+            ("systrap" or "ptrace"; None: the daemon's). ptrace makes Python requests cheaper
+            (each is a fork of a warm interpreter) and compilers' file-heavy work dearer
+            (Sandbox's `platform`, README "gVisor platform"). Ignored on runc.
 
     `start()` before serving, `close()` after (it closes the pool and deletes the snapshot).
     Thread-safe; the `run_*` coroutines run on the server's event loop.
@@ -101,12 +106,13 @@ class FusionBackend:
 
     def __init__(self, image: Image, *, isolation: str = "container", concurrency: int = 8,
                  memory_mib: int = 1024, cpu: float = 1.0, log: Callable[[str], None] = say,
-                 runtime: str = "gvisor") -> None:
+                 runtime: str = "gvisor", platform: str | None = None) -> None:
         if isolation not in ISOLATIONS:
             raise InvalidArgument(f"isolation={isolation!r} must be one of {', '.join(ISOLATIONS)}")
         if runtime not in ("gvisor", "runc") or (runtime == "runc" and isolation != "container"):
             raise InvalidArgument(f"runtime={runtime!r} must be 'gvisor', or 'runc' with isolation='container'")
         self.runtime = runtime
+        self.platform = check_platform(platform)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise InvalidArgument(f"concurrency={concurrency!r} must be an int >= 1")
         self.image = image
@@ -130,12 +136,13 @@ class FusionBackend:
                  f"a warm snapshot ({self.memory_mib} MiB, {self.cpu:g} CPU per sandbox) ...")
         image = build_image(self.image, self.log)
         self.snapshot_id, self.why_not = prepare_snapshot(image, memory_mib=self.memory_mib, cpu=self.cpu,
-                                                          log=self.log)
+                                                          log=self.log, platform=self.platform)
         self.pool = self._new_pool()
         self._self_test()
         if self.why_not["python"]:
             raise InvalidArgument(f"Python does not run in episodes of this image: {self.why_not['python']}")
-        self.log(f"  snapshot {self.snapshot_id}; isolation {self.isolation} on {self.runtime}, "
+        where = f"{self.runtime} ({self.platform})" if self.platform and self.runtime == "gvisor" else self.runtime
+        self.log(f"  snapshot {self.snapshot_id}; isolation {self.isolation} on {where}, "
                  f"concurrency {self.concurrency}; "
                  f"languages: {', '.join(self.available)}")
         for name, why in self.why_not.items():
