@@ -440,6 +440,8 @@ def serve_fusion(listen: str = typer.Option("127.0.0.1:8080", help="HOST:PORT to
     """Serve SandboxFusion's HTTP API (POST /run_code, /run_jupyter), every request in a fresh
     rollbox episode; point verl at it with sandbox_fusion_url=http://HOST:PORT/run_code."""
     from ..integrations import fusion
+    if platform not in ("ptrace", "systrap", "daemon"):
+        raise errors.InvalidArgument(f"--platform {platform!r}: use daemon, ptrace or systrap")
     img = _image_from_file(image) if ".py:" in image else fusion.image_for(image)
     fusion.serve(fusion.FusionBackend(img, isolation=isolation, concurrency=concurrency or fusion.default_concurrency(),
                                       memory_mib=memory, runtime=runtime,

@@ -207,14 +207,16 @@ class Sandbox:
     async def create_from_memory_snapshot(self, snapshot_id: str) -> "SandboxInstance":
         """Restores a memory snapshot into a new sandbox: its processes continue where they were.
 
-        The restored sandbox keeps the snapshot's image, cpu and memory; `keep_warm_seconds`
-        comes from this Sandbox. Raises SnapshotNotFound for an unknown id.
+        The restored sandbox keeps the snapshot's image, cpu, memory and gVisor platform (a
+        checkpoint restores only on the platform it was taken on); `keep_warm_seconds` comes
+        from this Sandbox. Raises SnapshotNotFound for an unknown id, InvalidArgument when this
+        Sandbox names a platform other than the snapshot's (None: the snapshot's).
         """
         check_id(snapshot_id, errors.SnapshotNotFound, "snapshot")
         c = self._client()
         info = _info(await _start(c, f"/snapshots/{snapshot_id}/restore",
                                   {"keep_warm_seconds": self.keep_warm_seconds, "tags": self.tags,
-                                   "auto_pause_seconds": self.auto_pause_seconds}))
+                                   "auto_pause_seconds": self.auto_pause_seconds, "platform": self.platform}))
         return SandboxInstance(info.sandbox_id, c, info)
 
     @synchronized

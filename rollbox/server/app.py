@@ -16,6 +16,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
 from .. import errors
+from ..config import DEFAULT_PLATFORM, check_platform
 from ..version import __version__
 from . import autopause
 from .answers import JSONResponse, TypedServerErrors, add_error_handlers
@@ -91,6 +92,8 @@ class RestoreSnapshot(BaseModel):
     keep_warm_seconds: float | None = Field(600, allow_inf_nan=False)
     tags: dict[str, str] = Field(default_factory=dict)
     auto_pause_seconds: float | None = Field(None, allow_inf_nan=False, description=AUTO_PAUSE_DOC)
+    platform: StrictStr | None = Field(None, description="null, or the snapshot's own gVisor platform: a "
+                                       "checkpoint restores only on the platform it was taken on")
 
 
 class SnapshotRequest(BaseModel):
@@ -262,6 +265,12 @@ def create_app(service: SandboxService) -> FastAPI:
     @app.post("/snapshots/{snapshot_id}/restore")
     async def restore(snapshot_id: str, body: RestoreSnapshot) -> dict[str, Any]:
         auto_pause = autopause.resolve(body.auto_pause_seconds)
+        if body.platform is not None:
+            taken_on = service.snapshots.meta(snapshot_id).platform or DEFAULT_PLATFORM  # SnapshotNotFound first
+            if check_platform(body.platform) != taken_on:
+                raise errors.InvalidArgument(
+                    f"platform={body.platform!r}: snapshot {snapshot_id} was taken on gVisor platform {taken_on!r} "
+                    f"and restores only there; leave platform=None (or pass {taken_on!r})")
         info = await service.acquire(snapshot_id, keep_warm_seconds=body.keep_warm_seconds, tags=body.tags)
         if auto_pause is not None:
             service.autopause.arm(info.sandbox_id, auto_pause)

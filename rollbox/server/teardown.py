@@ -277,6 +277,11 @@ class DeathWatch:
         cid = container_id(sandbox_id)
         if cgroups.oom_killed(cid, self.ctx.cg):
             lv.exit_reason = "oom"
+        elif lv.runtime == "gvisor" and cgroups.pids_max_count(cid, self.ctx.cg) > 0:
+            # Its host cgroup refused gVisor a task: a sentry that cannot make one dies. On
+            # ptrace every process that ever ran keeps a host thread (bundle.HOST_TASKS), so
+            # repeated fork bombs get there (break-it trial: it was reported as init_exited).
+            lv.exit_reason = "host_pids_limit"
         elif status is not None and os.WIFEXITED(status):
             # runsc-sandbox exits with a code when the container's init (our agent) ended:
             # something inside the sandbox killed it. A kill from outside leaves a signal.

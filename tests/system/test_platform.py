@@ -150,7 +150,14 @@ def test_a_sandbox_names_its_own_platform_and_its_snapshot_restores_there() -> N
     finally:
         sb.terminate()
     try:
-        copy = Sandbox().create_from_memory_snapshot(snap)
+        # Naming another platform for the restore is refused (break-it trial: it was ignored),
+        # before anything starts; naming its own is fine.
+        before = {r["sandbox_id"] for r in Client().request("GET", "/sandboxes")}
+        for bad in ("systrap", "kvm"):
+            with pytest.raises(InvalidArgument, match="restores only there" if bad == "systrap" else "systrap, ptrace"):
+                Sandbox(platform=bad).create_from_memory_snapshot(snap)
+        assert {r["sandbox_id"] for r in Client().request("GET", "/sandboxes")} == before
+        copy = Sandbox(platform="ptrace").create_from_memory_snapshot(snap)
         try:
             assert copy.info().platform == "ptrace" and _platform_flags(copy.sandbox_id) == {"--platform=ptrace"}
             assert copy.exec("cat", "/tmp/origin").stdout == b"on-ptrace\n"
