@@ -361,11 +361,13 @@ def image_rm(image_ids: list[str]) -> None:
 def snapshot_ls() -> None:
     """List stored snapshots."""
     now = time.time()
-    print(f"{'SNAPSHOT':<28} {'KIND':<7} {'SOURCE':<28} {'SIZE_MiB':>8} {'AGE':>7} {'EXPIRES':>8}  IN USE")
+    print(f"{'SNAPSHOT':<28} {'KIND':<7} {'PLATFORM':<8} {'SOURCE':<28} {'SIZE_MiB':>8} {'AGE':>7} {'EXPIRES':>8}  IN USE")
     for m in _client().request("GET", "/snapshots"):
         exp = f"{m['expires_at'] - now:.0f}s" if m.get("expires_at") else "-"
-        print(f"{m['snapshot_id']:<28} {m['kind']:<7} {m['source_sandbox_id']:<28} {m['size_bytes'] / 2**20:>8.1f} "
-              f"{_age(now - m['created_at']):>7} {exp:>8}  {m['in_use'] or ''}")
+        # Its restores run only there (a checkpoint from before it was kept: systrap).
+        plat = m.get("platform") or "systrap"
+        print(f"{m['snapshot_id']:<28} {m['kind']:<7} {plat:<8} {m['source_sandbox_id']:<28} "
+              f"{m['size_bytes'] / 2**20:>8.1f} {_age(now - m['created_at']):>7} {exp:>8}  {m['in_use'] or ''}")
 
 
 @snapshot_app.command("warm")
@@ -406,16 +408,20 @@ def demo_humaneval(concurrency: int = typer.Option(8, help="episodes at once"),
                                                  "per program (strongest)"),
                    runtime: str = typer.Option("gvisor", help="container isolation's pooled sandboxes: gvisor, or "
                                                "runc (the programs on the host kernel: faster, weaker)"),
-                   platform: str = typer.Option("ptrace", help="gVisor platform of the snapshot and every sandbox "
-                                                "restored from it: ptrace (forks ~40% cheaper here), systrap, or "
-                                                "daemon (ROLLBOX_PLATFORM's)")
+                   platform: Optional[str] = typer.Option(None, help="gVisor platform of the snapshot and every "
+                                                          "sandbox restored from it: ptrace (the default: forks "
+                                                          "~40% cheaper here), systrap, or daemon "
+                                                          "(ROLLBOX_PLATFORM's); not with --runtime runc")
                    ) -> None:
     """Score HumanEval's 164 canonical solutions and an adversarial set, each program isolated."""
     from ..demos.humaneval import run_demo
     if isolation not in ("container", "sandbox"):
         raise errors.InvalidArgument(f"--isolation {isolation!r}: use container or sandbox")
-    if platform not in ("ptrace", "systrap", "daemon"):
+    if platform is not None and platform not in ("ptrace", "systrap", "daemon"):
         raise errors.InvalidArgument(f"--platform {platform!r}: use ptrace, systrap or daemon")
+    if platform is not None and runtime != "gvisor":
+        raise errors.InvalidArgument(f"--platform {platform}: a gVisor platform; --runtime {runtime} has none")
+    platform = platform or "ptrace"
     summary = run_demo(concurrency=concurrency, limit=limit, results_path=results, timeout=timeout, warm=warm,
                        isolation=isolation, runtime=runtime, platform=None if platform == "daemon" else platform)
     if summary.get("breached"):

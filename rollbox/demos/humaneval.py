@@ -147,10 +147,12 @@ def run_demo(*, concurrency: int = 8, limit: int | None = None, results_path: st
     client = default_client()
     warm = (concurrency if isolation == "sandbox" else 0) if warm is None else warm
     platform = platform if runtime == "gvisor" else None
-    tier = f"gVisor ({platform or 'daemon platform'})" if runtime == "gvisor" else "runc (host kernel)"
+    # The platform the sandboxes run on: the daemon's when none is named (new-user trial).
+    shown = (platform or str(client.request("GET", "/health").get("platform") or "systrap")) if runtime == "gvisor" else ""
+    tier = f"gVisor ({shown})" if runtime == "gvisor" else "runc (host kernel)"
     mode = (f"a fresh container per program inside pooled {tier} sandboxes (isolation='container', "
             f"runtime='{runtime}')" if isolation == "container"
-            else f"a fresh gVisor sandbox ({platform or 'daemon platform'}) per program (isolation='sandbox')")
+            else f"a fresh gVisor sandbox ({shown}) per program (isolation='sandbox')")
     print(f"HumanEval: {len(problems)} problems, {len(cands)} candidates "
           f"({len(cands) - len(problems)} adversarial); {mode}; concurrency {concurrency}, warm pool {warm}",
           flush=True)
@@ -228,6 +230,7 @@ def run_demo(*, concurrency: int = 8, limit: int | None = None, results_path: st
         "warm": warm,
         "isolation": isolation,
         "runtime": runtime,
+        "platform": shown,  # gVisor's; "" on runc
         "results_file": str(Path(results_path).resolve()),
     }
     print(json.dumps(summary), flush=True)

@@ -115,9 +115,10 @@ class Sandbox:
         platform: the gVisor platform, "systrap" or "ptrace" (None: the daemon's,
             ROLLBOX_PLATFORM, systrap unless set). Its memory snapshots restore on the same
             platform (so a SandboxPool over them runs there). Measured on a 2-core host with
-            runsc 20240729 (README "Platforms"): ptrace costs ~40% less CPU per forked process
-            (HumanEval in container pools: ~25 programs/s against ~17) and idles at ~0% of a
-            core, but runs file and other syscalls 2-15x slower; systrap is the default.
+            runsc 20240729 (README "gVisor platform"): ptrace costs ~20-40% less CPU per
+            forked process (HumanEval in container pools: 17-22 programs/s against 12-15 in
+            the same runs) and idles at ~0% of a core, but runs file and other syscalls 2-15x
+            slower, and keeps a host thread per process that ever ran; systrap is the default.
             Any other value is InvalidArgument; runtime="runc" takes None only.
 
     A sandbox with neither ports nor outbound access has loopback only (the fastest start).

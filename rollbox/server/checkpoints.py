@@ -162,6 +162,7 @@ class Checkpoints:
         for meta in self.ctx.snapshots.list():
             r = rows.get(meta.snapshot_id)
             d = asdict(meta)
+            del d["agent_key"]  # the sandbox channel's key: the daemon's alone (new-user trial)
             d["expires_at"] = r["expires_at"] if r is not None else None
             d["in_use"] = self.snapshot_in_use(meta.snapshot_id)
             d["size_bytes"] = self.ctx.snapshots.size_bytes(meta.snapshot_id)

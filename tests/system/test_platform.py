@@ -157,6 +157,9 @@ def test_a_sandbox_names_its_own_platform_and_its_snapshot_restores_there() -> N
             with pytest.raises(InvalidArgument, match="restores only there" if bad == "systrap" else "systrap, ptrace"):
                 Sandbox(platform=bad).create_from_memory_snapshot(snap)
         assert {r["sandbox_id"] for r in Client().request("GET", "/sandboxes")} == before
+        # The listing names its platform and never the channel key (new-user trial).
+        listed = {s["snapshot_id"]: s for s in Client().request("GET", "/snapshots")}
+        assert listed[snap]["platform"] == "ptrace" and all("agent_key" not in s for s in listed.values())
         copy = Sandbox(platform="ptrace").create_from_memory_snapshot(snap)
         try:
             assert copy.info().platform == "ptrace" and _platform_flags(copy.sandbox_id) == {"--platform=ptrace"}

@@ -37,3 +37,15 @@ def test_an_unknown_humaneval_platform_is_refused_with_the_choices() -> None:
 def test_demo_refuses_an_unknown_platform_before_anything_runs() -> None:
     res = CliRunner().invoke(app, ["demo", "humaneval", "--platform", "kvm", "--limit", "1"])
     assert res.exit_code != 0 and "--platform 'kvm'" in str(res.exception or res.output), res.output
+
+
+def test_container_systrap_on_systrap_is_the_container_row() -> None:
+    from bench.humaneval import effective_modes
+    assert effective_modes(("container_systrap",), "systrap") == ("container",)
+    assert effective_modes(("container", "container_systrap", "sandbox"), "systrap") == ("container", "sandbox")
+    assert effective_modes(("container_systrap",), "ptrace") == ("container_systrap",)
+
+
+def test_demo_refuses_a_gvisor_platform_with_runc() -> None:
+    res = CliRunner().invoke(app, ["demo", "humaneval", "--runtime", "runc", "--platform", "systrap", "--limit", "1"])
+    assert res.exit_code != 0 and "--runtime runc has none" in str(res.exception or res.output), res.output
