@@ -24,7 +24,7 @@ import httpcore
 import httpx
 
 from .. import errors
-from ..config import Paths
+from ..config import Paths, platform_from_env
 from .netbackend import AsyncioBackend
 from .unixpool import UnixPool
 
@@ -199,6 +199,9 @@ class AsyncClient:
                 self._spawn_daemon()
 
     def _spawn_daemon(self) -> None:
+        # A bad ROLLBOX_PLATFORM is the caller's configuration, not a daemon that may come back:
+        # InvalidArgument naming the choices, before a daemon is started only to exit.
+        platform_from_env()
         env = dict(os.environ, ROLLBOX_HOME=str(self.paths.home))
         deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
         proc: subprocess.Popen[bytes] | None = None
