@@ -396,6 +396,14 @@ def demo_cartpole(iterations: int = typer.Option(60, help="most policy updates")
     run_demo(iterations=iterations, episodes_per_iter=episodes, concurrency=concurrency, lr=lr, out_dir=out)
 
 
+def _gvisor_platform(value: str) -> str | None:
+    """A `--platform` option's value: "ptrace" or "systrap", or None for "daemon" (the
+    daemon's own, ROLLBOX_PLATFORM's). Raises InvalidArgument for anything else."""
+    if value not in ("ptrace", "systrap", "daemon"):
+        raise errors.InvalidArgument(f"--platform {value!r}: use daemon, ptrace or systrap")
+    return None if value == "daemon" else value
+
+
 @demo_app.command("humaneval")
 def demo_humaneval(concurrency: int = typer.Option(8, help="episodes at once"),
                    limit: Optional[int] = typer.Option(None, help="only the first N problems"),
@@ -417,13 +425,11 @@ def demo_humaneval(concurrency: int = typer.Option(8, help="episodes at once"),
     from ..demos.humaneval import run_demo
     if isolation not in ("container", "sandbox"):
         raise errors.InvalidArgument(f"--isolation {isolation!r}: use container or sandbox")
-    if platform is not None and platform not in ("ptrace", "systrap", "daemon"):
-        raise errors.InvalidArgument(f"--platform {platform!r}: use ptrace, systrap or daemon")
     if platform is not None and runtime != "gvisor":
+        _gvisor_platform(platform)  # an unknown name first
         raise errors.InvalidArgument(f"--platform {platform}: a gVisor platform; --runtime {runtime} has none")
-    platform = platform or "ptrace"
     summary = run_demo(concurrency=concurrency, limit=limit, results_path=results, timeout=timeout, warm=warm,
-                       isolation=isolation, runtime=runtime, platform=None if platform == "daemon" else platform)
+                       isolation=isolation, runtime=runtime, platform=_gvisor_platform(platform or "ptrace"))
     if summary.get("breached"):
         raise typer.Exit(1)  # `make demo` fails when containment did
 
@@ -446,12 +452,10 @@ def serve_fusion(listen: str = typer.Option("127.0.0.1:8080", help="HOST:PORT to
     """Serve SandboxFusion's HTTP API (POST /run_code, /run_jupyter), every request in a fresh
     rollbox episode; point verl at it with sandbox_fusion_url=http://HOST:PORT/run_code."""
     from ..integrations import fusion
-    if platform not in ("ptrace", "systrap", "daemon"):
-        raise errors.InvalidArgument(f"--platform {platform!r}: use daemon, ptrace or systrap")
+    chosen = _gvisor_platform(platform)
     img = _image_from_file(image) if ".py:" in image else fusion.image_for(image)
     fusion.serve(fusion.FusionBackend(img, isolation=isolation, concurrency=concurrency or fusion.default_concurrency(),
-                                      memory_mib=memory, runtime=runtime,
-                                      platform=None if platform == "daemon" else platform), listen)
+                                      memory_mib=memory, runtime=runtime, platform=chosen), listen)
 
 
 @app.command()

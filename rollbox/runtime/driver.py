@@ -138,8 +138,10 @@ class Driver(Protocol):
 
     async def start_detached(self, verb: str, container_id: str, bundle: Path, *, stdin_fd: int, stdout_fd: int,
                              log_path: Path, extra: tuple[str, ...] = (), networked: bool = False,
-                             gpu: bool = False, privileged: bool = False, timeout: float = 60.0) -> RunResult:
-        """Starts (`run`) or restores (`restore`) a container whose init gets stdin/stdout."""
+                             gpu: bool = False, privileged: bool = False, platform: str | None = None,
+                             timeout: float = 60.0) -> RunResult:
+        """Starts (`run`) or restores (`restore`) a container whose init gets stdin/stdout.
+        `platform`: gVisor's (None: the runtime's default); a runtime without one ignores it."""
 
     async def delete(self, container_id: str) -> RunResult:
         """Force-deletes the container (killing what runs in it); waits until it is gone."""

@@ -187,11 +187,13 @@ class Runc:
 
     async def start_detached(self, verb: str, container_id: str, bundle: Path, *, stdin_fd: int, stdout_fd: int,
                              log_path: Path, extra: tuple[str, ...] = (), networked: bool = False,
-                             gpu: bool = False, privileged: bool = False, timeout: float = 60.0) -> RunResult:
+                             gpu: bool = False, privileged: bool = False, platform: str | None = None,
+                             timeout: float = 60.0) -> RunResult:
         """`runc run -d`: the container's init inherits stdin/stdout (pass-through stdio).
 
         Only `run`: runc has no restore here. The bundle's spec is `bundle_spec`'s. networked: the spec already names the namespace
-        to join. gpu and privileged are refused earlier (the service validates them).
+        to join. gpu and privileged are refused earlier (the service validates them); platform
+        is gVisor's (runc has none: ignored).
         """
         if verb != "run":
             raise ValueError(f"runc driver cannot {verb!r}")

@@ -175,16 +175,11 @@ class Booter:
             fin, fout = make_fifos(d)
             sb_in, sb_out = open_for_sandbox(fin, fout)
             try:
-                if snapshot is None and runtime == "gvisor":
-                    res = await ctx.runsc.start_detached("run", cid, d, stdin_fd=sb_in, stdout_fd=sb_out,
-                                                         log_path=d / "runsc.log", timeout=BOOT_TIMEOUT_S,
-                                                         networked=slot is not None, gpu=bool(gpus),
-                                                         privileged=privileged, platform=platform)
-                elif snapshot is None:
+                if snapshot is None:
                     res = await driver.start_detached("run", cid, d, stdin_fd=sb_in, stdout_fd=sb_out,
                                                       log_path=d / "runsc.log", timeout=BOOT_TIMEOUT_S,
                                                       networked=slot is not None, gpu=bool(gpus),
-                                                      privileged=privileged)
+                                                      privileged=privileged, platform=platform or None)
                 else:
                     ck = str(ctx.snapshots.checkpoint_dir(snapshot.snapshot_id))
                     res = await ctx.runsc.start_detached("restore", cid, d, stdin_fd=sb_in, stdout_fd=sb_out,

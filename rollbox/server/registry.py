@@ -16,6 +16,7 @@ from typing import Any
 from .. import errors
 from ..network.netns import Slot
 from ..network.policy import NetworkSpec
+from ..runtime.bundle import HOST_TASKS
 from ..runtime.bundle import DEFAULT_PIDS
 from ..runtime.channel import AgentChannel
 from ..types import SandboxInfo
@@ -91,11 +92,12 @@ def ended_error(sandbox_id: str, reason: str | None) -> errors.RollboxError:
             f"sandbox {sandbox_id} ended ({reason}): a process inside it killed its init (the rollbox agent); "
             "the workload ended the sandbox, not a platform fault; create a new one", sandbox_id=sandbox_id)
     if reason == "host_pids_limit":
+        limits = "; ".join(f"{a} * pids + {b} on {p}" for p, (a, b) in HOST_TASKS.items())
         return errors.SandboxTerminated(
             f"sandbox {sandbox_id} ended ({reason}): its processes took gVisor to the host's task limit for it "
-            "(its host cgroup's pids.max: 16 * pids + 1024 on ptrace, which keeps a host thread for every process "
-            "that ever ran there, so repeated fork bombs add up; 3 * pids + 64 on systrap); the workload ended "
-            "the sandbox; create a new one (on systrap, or with a lower pids=)", sandbox_id=sandbox_id)
+            f"(its host cgroup's pids.max: {limits}; ptrace keeps a host thread for every process that ever ran "
+            "there, so repeated fork bombs add up); the workload ended the sandbox; create a new one (on "
+            "systrap, or with a lower pids=)", sandbox_id=sandbox_id)
     if reason in (None, "exited", "lost"):
         return errors.SandboxLost(f"sandbox {sandbox_id} died unexpectedly ({reason or 'unknown'}); retry on a new "
                                   "sandbox", sandbox_id=sandbox_id)
