@@ -14,6 +14,7 @@ import typer
 
 from .. import errors
 from ..config import Paths
+from .demos import demo_app, gvisor_platform
 from .shell import process_app, shell
 
 if TYPE_CHECKING:
@@ -23,7 +24,6 @@ app = typer.Typer(help="rollbox: gVisor sandboxes for RL rollouts.", no_args_is_
                   pretty_exceptions_enable=False)
 image_app = typer.Typer(help="Images.", no_args_is_help=True)
 snapshot_app = typer.Typer(help="Memory snapshots.", no_args_is_help=True)
-demo_app = typer.Typer(help="Demos on real data.", no_args_is_help=True)
 volume_app = typer.Typer(help="Named volumes.", no_args_is_help=True)
 daemon_app = typer.Typer(help="The local daemon.", no_args_is_help=True)
 app.add_typer(volume_app, name="volume")
@@ -384,56 +384,6 @@ def snapshot_rm(snapshot_ids: list[str]) -> None:
     _each(snapshot_ids, lambda i: _client().request("DELETE", f"/snapshots/{i}"))
 
 
-@demo_app.command("cartpole")
-def demo_cartpole(iterations: int = typer.Option(60, help="most policy updates"),
-                  episodes: int = typer.Option(20, help="rollouts per update"),
-                  concurrency: int = typer.Option(4, help="episodes at once"),
-                  lr: float = typer.Option(0.2, help="Adam step size"),
-                  out: str = typer.Option(".", help="directory for cartpole-learning-curve.png")) -> None:
-    """REINFORCE on CartPole: rollouts in sandboxes from a warm snapshot, the update as a
-    @function, trajectories and policies in a Volume. Ends with one JSON line."""
-    from ..demos.cartpole import run_demo
-    run_demo(iterations=iterations, episodes_per_iter=episodes, concurrency=concurrency, lr=lr, out_dir=out)
-
-
-def _gvisor_platform(value: str) -> str | None:
-    """A `--platform` option's value: "ptrace" or "systrap", or None for "daemon" (the
-    daemon's own, ROLLBOX_PLATFORM's). Raises InvalidArgument for anything else."""
-    if value not in ("ptrace", "systrap", "daemon"):
-        raise errors.InvalidArgument(f"--platform {value!r}: use daemon, ptrace or systrap")
-    return None if value == "daemon" else value
-
-
-@demo_app.command("humaneval")
-def demo_humaneval(concurrency: int = typer.Option(8, help="episodes at once"),
-                   limit: Optional[int] = typer.Option(None, help="only the first N problems"),
-                   results: str = typer.Option("humaneval-results.jsonl", help="per-episode JSONL output"),
-                   timeout: float = typer.Option(10.0, help="seconds per program"),
-                   warm: Optional[int] = typer.Option(None, help="spares restored ahead (sandbox isolation; "
-                                                      "default: concurrency; 0 off)"),
-                   isolation: str = typer.Option("container", help="container: a fresh container per program in "
-                                                 "pooled gVisor sandboxes (fast); sandbox: a fresh gVisor sandbox "
-                                                 "per program (strongest)"),
-                   runtime: str = typer.Option("gvisor", help="container isolation's pooled sandboxes: gvisor, or "
-                                               "runc (the programs on the host kernel: faster, weaker)"),
-                   platform: Optional[str] = typer.Option(None, help="gVisor platform of the snapshot and every "
-                                                          "sandbox restored from it: ptrace (the default: forks "
-                                                          "~40% cheaper here), systrap, or daemon "
-                                                          "(ROLLBOX_PLATFORM's); not with --runtime runc")
-                   ) -> None:
-    """Score HumanEval's 164 canonical solutions and an adversarial set, each program isolated."""
-    from ..demos.humaneval import run_demo
-    if isolation not in ("container", "sandbox"):
-        raise errors.InvalidArgument(f"--isolation {isolation!r}: use container or sandbox")
-    if platform is not None and runtime != "gvisor":
-        _gvisor_platform(platform)  # an unknown name first
-        raise errors.InvalidArgument(f"--platform {platform}: a gVisor platform; --runtime {runtime} has none")
-    summary = run_demo(concurrency=concurrency, limit=limit, results_path=results, timeout=timeout, warm=warm,
-                       isolation=isolation, runtime=runtime, platform=_gvisor_platform(platform or "ptrace"))
-    if summary.get("breached"):
-        raise typer.Exit(1)  # `make demo` fails when containment did
-
-
 @app.command("serve-fusion")
 def serve_fusion(listen: str = typer.Option("127.0.0.1:8080", help="HOST:PORT to serve on (no authentication: "
                                                                    "keep it on loopback or a trusted network)"),
@@ -452,7 +402,7 @@ def serve_fusion(listen: str = typer.Option("127.0.0.1:8080", help="HOST:PORT to
     """Serve SandboxFusion's HTTP API (POST /run_code, /run_jupyter), every request in a fresh
     rollbox episode; point verl at it with sandbox_fusion_url=http://HOST:PORT/run_code."""
     from ..integrations import fusion
-    chosen = _gvisor_platform(platform)
+    chosen = gvisor_platform(platform)
     img = _image_from_file(image) if ".py:" in image else fusion.image_for(image)
     fusion.serve(fusion.FusionBackend(img, isolation=isolation, concurrency=concurrency or fusion.default_concurrency(),
                                       memory_mib=memory, runtime=runtime, platform=chosen), listen)
